@@ -1,0 +1,215 @@
+//! The one error type of `oncebox-core`, with its classification.
+
+use std::error::Error as StdError;
+
+/// A boxed error from a backend (database driver, broker client, user handler).
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in oncebox.
+///
+/// Callers branch on the classification methods ([`Error::is_transient`],
+/// [`Error::is_duplicate`], [`Error::is_invalid_input`]) rather than on messages. The
+/// `Display` and `Debug` forms never contain payloads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A message failed validation: it was never stored nor published.
+    #[error("invalid message: {0}")]
+    InvalidMessage(#[from] InvalidMessage),
+
+    /// A message with this id is already in the outbox.
+    #[error("a message with id {id} is already enqueued")]
+    Duplicate {
+        /// The id that was already present.
+        id: crate::MessageId,
+    },
+
+    /// The store (database, Redis, memory) failed.
+    #[error("store error: {source}")]
+    Store {
+        /// What the driver reported.
+        #[source]
+        source: BoxError,
+        /// Whether retrying the same operation later may succeed.
+        transient: bool,
+    },
+
+    /// The broker or its client failed.
+    #[error("transport error: {source}")]
+    Transport {
+        /// What the client reported.
+        #[source]
+        source: BoxError,
+        /// Whether retrying the same operation later may succeed.
+        transient: bool,
+    },
+
+    /// A message handler failed.
+    #[error("handler failed: {source}")]
+    Handler {
+        /// What the handler returned.
+        #[source]
+        source: BoxError,
+        /// A permanent failure is dead-lettered at once instead of retried.
+        permanent: bool,
+    },
+
+    /// The lease (or fencing token) of this worker is no longer the current one: another
+    /// worker took over, so this worker's write was refused.
+    #[error("lease lost: another worker holds this item now")]
+    LeaseLost,
+
+    /// An operation did not finish within its deadline.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+
+    /// Options failed validation.
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
+
+    /// The store or transport was closed or shut down.
+    #[error("closed")]
+    Closed,
+}
+
+impl Error {
+    /// A store error that may succeed when retried (connection lost, lock timeout, busy).
+    pub fn store_transient(source: impl Into<BoxError>) -> Self {
+        Self::Store { source: source.into(), transient: true }
+    }
+
+    /// A store error that will fail again if retried (constraint, schema, syntax).
+    pub fn store_permanent(source: impl Into<BoxError>) -> Self {
+        Self::Store { source: source.into(), transient: false }
+    }
+
+    /// A transport error that may succeed when retried (broker down, timeout).
+    pub fn transport_transient(source: impl Into<BoxError>) -> Self {
+        Self::Transport { source: source.into(), transient: true }
+    }
+
+    /// A transport error that will fail again if retried (unknown stream, message too big).
+    pub fn transport_permanent(source: impl Into<BoxError>) -> Self {
+        Self::Transport { source: source.into(), transient: false }
+    }
+
+    /// A handler failure worth retrying (the default for handler errors).
+    pub fn handler(source: impl Into<BoxError>) -> Self {
+        Self::Handler { source: source.into(), permanent: false }
+    }
+
+    /// A handler failure that will never succeed (malformed payload, business rule): the
+    /// message is dead-lettered without further attempts.
+    pub fn handler_permanent(source: impl Into<BoxError>) -> Self {
+        Self::Handler { source: source.into(), permanent: true }
+    }
+
+    /// Whether the operation may succeed if retried later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store { transient, .. } | Self::Transport { transient, .. } => *transient,
+            Self::Handler { permanent, .. } => !permanent,
+            Self::Timeout(_) | Self::LeaseLost => true,
+            Self::InvalidMessage(_)
+            | Self::Duplicate { .. }
+            | Self::InvalidOptions(_)
+            | Self::Closed => false,
+        }
+    }
+
+    /// Whether this error reports a duplicate id.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Duplicate { .. })
+    }
+
+    /// Whether the input itself was at fault (a message or options that fail validation).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Self::InvalidMessage(_) | Self::InvalidOptions(_))
+    }
+}
+
+/// Why a message (outgoing or received from the wire) is not acceptable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidMessage {
+    /// The topic is empty.
+    #[error("the topic is empty")]
+    EmptyTopic,
+
+    /// The topic is longer than [`Limits::max_topic_len`](crate::Limits::max_topic_len).
+    #[error("the topic is {len} bytes long, over the limit of {limit}")]
+    TopicTooLong {
+        /// Length of the topic in bytes.
+        len: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// The payload is larger than [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes).
+    #[error("the payload is {size} bytes, over the limit of {limit}")]
+    PayloadTooLarge {
+        /// Payload size in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// A message id that is not a UUID.
+    #[error("{input:?} is not a valid message id (expected a UUID)")]
+    InvalidId {
+        /// The offending input, cut to 64 characters.
+        input: String,
+    },
+
+    /// The id strategy found no id in a received message.
+    #[error("no id found in the message: {0}")]
+    MissingId(String),
+
+    /// A header name or value is not acceptable.
+    #[error("invalid header {name:?}: {reason}")]
+    InvalidHeader {
+        /// The header name (lossily decoded, cut to 64 characters).
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The payload is not the JSON the caller asked for.
+    #[error("payload is not valid JSON for the requested type: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Cuts outside input for error messages, so that a huge or binary value never floods logs.
+pub(crate) fn excerpt(input: &str) -> String {
+    const MAX: usize = 64;
+    match input.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &input[..cut]),
+        None => input.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert!(Error::store_transient("busy").is_transient());
+        assert!(!Error::store_permanent("syntax").is_transient());
+        assert!(Error::handler("try again").is_transient());
+        assert!(!Error::handler_permanent("bad order").is_transient());
+        assert!(Error::from(InvalidMessage::EmptyTopic).is_invalid_input());
+        assert!(Error::Duplicate { id: crate::MessageId::new() }.is_duplicate());
+    }
+
+    #[test]
+    fn excerpt_cuts_long_input_on_a_char_boundary() {
+        let long = "é".repeat(100);
+        let cut = excerpt(&long);
+        assert_eq!(cut.chars().count(), 65);
+        assert!(cut.ends_with('…'));
+    }
+}

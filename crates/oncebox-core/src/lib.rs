@@ -1,0 +1,45 @@
+//! The core of [oncebox](https://docs.rs/oncebox): the message model, the store and
+//! transport traits, and the engines that make at-least-once delivery effectively once.
+//!
+//! This crate depends on no database, broker or HTTP crate. Backends implement its
+//! traits in crates of their own (`oncebox-sqlite`, `oncebox-postgres`, `oncebox-nats`,
+//! ...), and the engines here run over any of them:
+//!
+//! | piece | what it is |
+//! |---|---|
+//! | [`Message`], [`MessageId`], [`Headers`] | what a producer enqueues and a relay publishes |
+//! | [`Received`], [`Coordinates`] | what a consumer receives (the id may be missing for foreign producers) |
+//! | [`Publisher`], [`Subscriber`], [`Delivery`] | the transport traits |
+//! | [`spool::SpoolStore`], [`store::InboxStore`], [`store::DurableInboxStore`], [`store::DedupStore`] | the store traits |
+//! | [`spool::Spool`] / [`spool::Relay`] | claim → dispatch → settle: the outbox relay and the durable inbox processor |
+//! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
+//! | [`memory`] | an exact in-memory dedup store and an in-process broker with fault injection |
+//!
+//! Async traits are native (`impl Future + Send` in trait methods), so the engines are
+//! generic and monomorphised; the CLI boxes concrete backends once at its edge.
+//!
+//! The guarantees and how each engine keeps them are described in the `oncebox` facade
+//! crate's documentation.
+
+mod backoff;
+mod error;
+mod headers;
+mod message;
+mod received;
+mod transport;
+
+pub mod consumer;
+pub mod memory;
+pub mod spool;
+pub mod store;
+pub mod time;
+
+pub use backoff::Backoff;
+pub use error::{BoxError, Error, InvalidMessage, Result};
+pub use headers::{Headers, TRACEPARENT};
+pub use message::{Limits, Message, MessageId};
+pub use received::{Coordinates, Received};
+pub use transport::{Delivery, Publisher, Subscriber};
+
+/// Re-exported so that stores and tests name the same versions.
+pub use bytes::Bytes;

@@ -1,0 +1,314 @@
+//! The spool loop.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures_util::StreamExt;
+use futures_util::stream;
+use tokio::sync::watch;
+
+use super::{
+    ClaimRequest, Claimed, LeaseToken, PublishSink, Settle, Settlement, Sink, SpoolItem,
+    SpoolOptions, SpoolStore,
+};
+use crate::{Error, Message, Publisher, Result};
+
+/// Called with each item that is dead-lettered and the reason.
+pub type DeadLetterHook<T> = Arc<dyn Fn(&T, &str) + Send + Sync>;
+
+/// The outbox relay: a spool over an outbox table that publishes through `P`.
+pub type Relay<S, P> = Spool<S, PublishSink<P>>;
+
+/// What one claim → dispatch → settle round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows delivered and marked done.
+    pub done: usize,
+    /// Rows that failed and will be retried.
+    pub retried: usize,
+    /// Rows handed back unattempted because an earlier row of their key failed.
+    pub released: usize,
+    /// Rows dead-lettered.
+    pub dead: usize,
+}
+
+/// Processes a [`SpoolStore`] into a [`Sink`]; see the [module docs](super).
+pub struct Spool<S: SpoolStore, K> {
+    store: S,
+    sink: K,
+    options: SpoolOptions,
+    on_dead: Option<DeadLetterHook<S::Item>>,
+}
+
+impl<S: SpoolStore<Item = Message>, P: Publisher> Spool<S, PublishSink<P>> {
+    /// A relay publishing the outbox `store` through `publisher`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] if `options` fail [`SpoolOptions::validate`].
+    pub fn relay(store: S, publisher: P, options: SpoolOptions) -> Result<Self> {
+        Self::new(store, PublishSink(publisher), options)
+    }
+}
+
+impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
+    /// A spool delivering `store`'s rows into `sink`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] if `options` fail [`SpoolOptions::validate`].
+    pub fn new(store: S, sink: K, options: SpoolOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self { store, sink, options, on_dead: None })
+    }
+
+    /// Calls `hook` for every dead-lettered item (beside the log line and the metric).
+    #[must_use]
+    pub fn on_dead_letter(mut self, hook: impl Fn(&S::Item, &str) + Send + Sync + 'static) -> Self {
+        self.on_dead = Some(Arc::new(hook));
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SpoolOptions {
+        &self.options
+    }
+
+    /// Runs one claim → dispatch → settle round.
+    ///
+    /// # Errors
+    ///
+    /// A store error from claim or settle. Delivery errors are not errors of the round:
+    /// they become retries or dead letters.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in the sense of losing nothing *of the round*: rows claimed by a
+    /// cancelled round stay leased until the lease ends and are then delivered again.
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: self.options.batch_size,
+            lease: self.options.lease,
+        };
+        let batch = self.store.claim(&request).await?;
+        let mut report = BatchReport { claimed: batch.len(), ..BatchReport::default() };
+        if batch.is_empty() {
+            return Ok(report);
+        }
+        let settlements: Vec<Settlement> = stream::iter(group_by_key(batch))
+            .map(|rows| self.dispatch_key(rows))
+            .buffer_unordered(self.options.concurrency)
+            .flat_map(stream::iter)
+            .collect()
+            .await;
+        for s in &settlements {
+            match s.outcome {
+                Settle::Done => report.done += 1,
+                Settle::Retry { .. } => report.retried += 1,
+                Settle::Release => report.released += 1,
+                Settle::Dead { .. } => report.dead += 1,
+            }
+        }
+        self.store.settle(request.token, &settlements).await?;
+        self.record_metrics(&report);
+        Ok(report)
+    }
+
+    /// Delivers the claimed rows of one key in order; after a failure that will be
+    /// retried, the key's later rows are released unattempted.
+    async fn dispatch_key(&self, rows: Vec<Claimed<S::Item>>) -> Vec<Settlement> {
+        let mut settlements = Vec::with_capacity(rows.len());
+        let mut blocked = false;
+        for row in rows {
+            let outcome = if blocked {
+                Settle::Release
+            } else {
+                let outcome = self.deliver(&row).await;
+                blocked = matches!(outcome, Settle::Retry { .. });
+                outcome
+            };
+            settlements.push(Settlement { seq: row.seq, outcome });
+        }
+        settlements
+    }
+
+    async fn deliver(&self, row: &Claimed<S::Item>) -> Settle {
+        let timeout = self.options.dispatch_timeout;
+        let result = match tokio::time::timeout(timeout, self.sink.deliver(row)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout(timeout)),
+        };
+        let Err(error) = result else {
+            return Settle::Done;
+        };
+        let attempts = row.attempts.saturating_add(1);
+        if error.is_transient() && attempts < self.options.max_attempts {
+            let delay = self.options.backoff.delay(attempts);
+            tracing::debug!(
+                spool = %self.options.name, item = %row.item.describe(), attempts, ?delay, %error,
+                "delivery failed; will retry"
+            );
+            return Settle::Retry { at: SystemTime::now() + delay, error: error.to_string() };
+        }
+        let reason = if error.is_transient() {
+            format!("gave up after {attempts} attempts: {error}")
+        } else {
+            format!("permanent failure: {error}")
+        };
+        tracing::warn!(
+            spool = %self.options.name, item = %row.item.describe(), %reason,
+            "dead-lettered"
+        );
+        if let Some(hook) = &self.on_dead {
+            hook(&row.item, &reason);
+        }
+        Settle::Dead { reason }
+    }
+
+    fn record_metrics(&self, report: &BatchReport) {
+        let name = self.options.name.clone();
+        for (outcome, count) in [
+            ("done", report.done),
+            ("retried", report.retried),
+            ("released", report.released),
+            ("dead", report.dead),
+        ] {
+            if count > 0 {
+                metrics::counter!("oncebox_spool_rows_total", "spool" => name.clone(), "outcome" => outcome)
+                    .increment(count as u64);
+            }
+        }
+    }
+
+    /// Deletes done rows older than the retention, in batches of `cleanup_batch`, until
+    /// none are left; returns how many were deleted.
+    ///
+    /// # Errors
+    ///
+    /// A store error (rows deleted before it stay deleted).
+    pub async fn cleanup(&self) -> Result<u64> {
+        let before = SystemTime::now() - self.options.retention;
+        let limit = self.options.cleanup_batch;
+        let mut total = 0;
+        loop {
+            let deleted = self.store.purge(before, limit).await?;
+            total += deleted;
+            if deleted < limit as u64 {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Runs the spool until `shutdown` completes: claims and delivers batches, waits
+    /// adaptively when idle, and runs retention cleanup every `cleanup_interval`.
+    ///
+    /// On shutdown the round in progress finishes (deliveries and settlement), then the
+    /// call returns. Store errors are logged and retried with the idle backoff: the loop
+    /// only ends on shutdown.
+    ///
+    /// # Errors
+    ///
+    /// None at present; the `Result` leaves room for fatal errors of future stores.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is a crash: claimed rows stay leased until their lease ends.
+    pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+        let (stop, stopped) = watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        };
+        tokio::join!(signal, self.claim_loop(stopped.clone()), self.cleanup_loop(stopped));
+        Ok(())
+    }
+
+    async fn claim_loop(&self, mut stopped: watch::Receiver<bool>) {
+        let mut idle = self.options.min_poll;
+        while !*stopped.borrow() {
+            match self.run_once().await {
+                Ok(report) if report.claimed >= self.options.batch_size => {
+                    idle = self.options.min_poll;
+                    continue;
+                }
+                Ok(report) if report.claimed > 0 => idle = self.options.min_poll,
+                Ok(_) => idle = (idle * 2).min(self.options.max_poll),
+                Err(error) => {
+                    tracing::warn!(spool = %self.options.name, %error, "claim round failed");
+                    idle = self.options.max_poll;
+                }
+            }
+            tokio::select! {
+                _ = stopped.changed() => {}
+                () = self.store.wait_for_work(idle) => {}
+            }
+        }
+    }
+
+    async fn cleanup_loop(&self, mut stopped: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => return,
+                () = tokio::time::sleep(self.options.cleanup_interval) => {}
+            }
+            match self.cleanup().await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::debug!(spool = %self.options.name, deleted, "retention cleanup"),
+                Err(error) => tracing::warn!(spool = %self.options.name, %error, "retention cleanup failed"),
+            }
+        }
+    }
+}
+
+/// Splits a batch (in `seq` order) into per-key runs, keeping order within each run.
+/// Rows without a key form runs of one.
+fn group_by_key<T: SpoolItem>(batch: Vec<Claimed<T>>) -> Vec<Vec<Claimed<T>>> {
+    let mut groups: Vec<Vec<Claimed<T>>> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for row in batch {
+        let slot = match row.item.ordering_key() {
+            Some(key) => *index.entry(key.to_owned()).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            }),
+            None => {
+                groups.push(Vec::new());
+                groups.len() - 1
+            }
+        };
+        groups[slot].push(row);
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: i64, key: Option<&str>) -> Claimed<Message> {
+        let mut item = Message::new("t", "");
+        item.key = key.map(str::to_owned);
+        Claimed { seq, token: LeaseToken::new(), attempts: 0, item }
+    }
+
+    #[test]
+    fn groups_keep_order_within_a_key() {
+        let batch = vec![row(1, Some("a")), row(2, Some("b")), row(3, None), row(4, Some("a"))];
+        let groups: Vec<Vec<i64>> = group_by_key(batch)
+            .into_iter()
+            .map(|g| g.into_iter().map(|r| r.seq).collect())
+            .collect();
+        assert_eq!(groups, vec![vec![1, 4], vec![2], vec![3]]);
+    }
+}

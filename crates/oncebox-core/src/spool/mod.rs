@@ -1,0 +1,28 @@
+//! The spool engine: a durable table processed by claim → dispatch → settle.
+//!
+//! The outbox relay ([`Relay`]) and the durable inbox processor are the same machine with
+//! different sinks: the relay's sink publishes to a broker, the inbox's sink runs a
+//! handler. One loop:
+//!
+//! 1. **Claim** a batch of due rows with a lease ([`SpoolStore::claim`]); the store
+//!    returns, for each key, a prefix of its pending rows, so no key is ever leased to two
+//!    spools.
+//! 2. **Dispatch** concurrently across keys and in order within a key ([`Sink`]).
+//! 3. **Settle** the whole batch in one call: done, retry later with backoff, released
+//!    (an earlier row of the key failed), or dead after the attempt limit.
+//!
+//! Retention cleanup runs beside the loop in bounded batches. A spool that dies leaves
+//! its rows leased until the lease ends, then another takes them over; rows it had
+//! delivered but not settled are delivered again (at least once; consumers deduplicate).
+
+mod engine;
+mod options;
+mod sink;
+mod store;
+
+pub use engine::{BatchReport, DeadLetterHook, Relay, Spool};
+pub use options::SpoolOptions;
+pub use sink::{PublishSink, Sink};
+pub use store::{
+    ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolItem, SpoolStore,
+};

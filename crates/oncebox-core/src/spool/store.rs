@@ -1,0 +1,236 @@
+//! What a durable table must provide for the spool engine: claim, settle, purge.
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use uuid::Uuid;
+
+use crate::{Message, Received, Result};
+
+/// Identifies one claim: the rows it leased and the only settlements they accept.
+///
+/// A new token is drawn for every claim, so a relay whose lease expired cannot settle rows
+/// that another relay claimed since (the token is the fencing token).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(Uuid);
+
+impl LeaseToken {
+    /// A new random token.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Rebuilds a token read back from a store.
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The UUID inside.
+    pub const fn as_uuid(&self) -> &Uuid {
+        &self.0
+    }
+}
+
+impl Default for LeaseToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.hyphenated(), f)
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.0.hyphenated())
+    }
+}
+
+/// What to claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The token written into every claimed row.
+    pub token: LeaseToken,
+    /// At most this many rows.
+    pub limit: usize,
+    /// How long the claim holds; after that the rows are claimable again.
+    pub lease: Duration,
+}
+
+/// A leased row.
+#[derive(Debug, Clone)]
+pub struct Claimed<T> {
+    /// The row's position in commit order (the table's sequence); settlements name it.
+    pub seq: i64,
+    /// The claim this row belongs to.
+    pub token: LeaseToken,
+    /// Failed attempts before this one.
+    pub attempts: u32,
+    /// The message (outbox) or delivery (durable inbox).
+    pub item: T,
+}
+
+/// Items kept in a spool table.
+pub trait SpoolItem: Send + Sync + 'static {
+    /// The ordering key: items with equal keys are dispatched one at a time, in `seq`
+    /// order; items without a key are not ordered.
+    fn ordering_key(&self) -> Option<&str>;
+
+    /// A short description for logs and dead-letter reasons (never the payload).
+    fn describe(&self) -> String;
+}
+
+impl SpoolItem for Message {
+    fn ordering_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    fn describe(&self) -> String {
+        format!("message {} ({} on {})", self.id, self.kind, self.topic)
+    }
+}
+
+impl SpoolItem for Received {
+    fn ordering_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    fn describe(&self) -> String {
+        match self.id {
+            Some(id) => format!("received {id} ({} from {})", self.kind, self.coordinates),
+            None => format!("received {} from {}", self.kind, self.coordinates),
+        }
+    }
+}
+
+/// How a claimed row ends its attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settle {
+    /// Delivered: mark done (kept until retention purges it).
+    Done,
+    /// Failed: count the attempt, record the error, make the row due again at `at`.
+    Retry {
+        /// When the row becomes claimable again.
+        at: SystemTime,
+        /// The error, recorded as the row's last error.
+        error: String,
+    },
+    /// Not attempted (an earlier row of its key failed): end the lease, count nothing.
+    Release,
+    /// Given up: count the attempt, mark dead with the reason. A dead row no longer blocks
+    /// its key.
+    Dead {
+        /// Why the row was given up.
+        reason: String,
+    },
+}
+
+/// The outcome of one claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// The row, by [`Claimed::seq`].
+    pub seq: i64,
+    /// What happened.
+    pub outcome: Settle,
+}
+
+/// A durable table of items processed by the [`Spool`](crate::spool::Spool) engine: the
+/// outbox (items are [`Message`]s) or the durable inbox (items are [`Received`]
+/// deliveries).
+///
+/// # Contract (the `oncebox-testkit` spool suite checks it)
+///
+/// - **Claim** returns due rows (pending, `available_at <= now`, not leased or lease
+///   expired) in `seq` order and leases them to `request.token` until `now + lease`.
+///   A row is claimable only if every earlier *pending* row of its ordering key is
+///   claimable in the same call: so a key is never leased to two claims at once, and a
+///   failing row blocks the later rows of its key (and only those) until it is
+///   delivered or dead. Each key's claimed rows form a prefix of its pending rows.
+/// - **Settle** applies only to rows still leased to `token`; others are left alone
+///   (their lease expired and another claim may own them).
+/// - **Purge** deletes done rows settled before `before`, at most `limit` per call, and
+///   never touches pending or dead rows.
+/// - All methods may be called concurrently, from several processes.
+pub trait SpoolStore: Send + Sync {
+    /// What the table holds.
+    type Item: SpoolItem;
+
+    /// Claims due rows; see the trait docs for which.
+    ///
+    /// # Errors
+    ///
+    /// A store error; nothing is claimed then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Rows claimed by a dropped call stay leased until the lease expires.
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send;
+
+    /// Records outcomes of rows claimed with `token`, in one statement or transaction.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the rows keep their lease until it expires and are claimed again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Either all settlements apply or none do.
+    fn settle(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes at most `limit` done rows settled before `before`; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: each call is one bounded statement.
+    fn purge(&self, before: SystemTime, limit: usize) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Waits until new rows may be due, or `timeout` passed. The default sleeps for
+    /// `timeout`; stores with a wake-up channel (in-process notification, Postgres
+    /// `LISTEN`) return early.
+    fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(timeout)
+    }
+}
+
+impl<S: SpoolStore> SpoolStore for std::sync::Arc<S> {
+    type Item = S::Item;
+
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send {
+        (**self).claim(request)
+    }
+
+    fn settle(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+    ) -> impl Future<Output = Result<()>> + Send {
+        (**self).settle(token, settlements)
+    }
+
+    fn purge(&self, before: SystemTime, limit: usize) -> impl Future<Output = Result<u64>> + Send {
+        (**self).purge(before, limit)
+    }
+
+    fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
+        (**self).wait_for_work(timeout)
+    }
+}
