@@ -1,1 +1,20 @@
-//! placeholder
+//! Conformance suites that every oncebox store and transport passes, run against the
+//! real service.
+//!
+//! A backend crate implements a small harness trait for its store or transport (how to
+//! make a fresh, isolated instance; how to enqueue on its own connection type; how to
+//! restart its broker) and calls the suite from one `#[tokio::test]` per check. The
+//! suites take capability flags, so a transport without consumer groups, say, skips
+//! that check and says so.
+//!
+//! | suite | harness | checks |
+//! |---|---|---|
+//! | [`outbox`] | [`outbox::OutboxHarness`] | the spool store contract, atomic enqueue, the relay end to end |
+//! | [`inbox`] | [`inbox::InboxHarness`] | transactional inbox and durable inbox |
+//! | [`dedup`] | [`dedup::DedupHarness`] | the dedup store state machine, leases, fencing, TTL |
+//! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
+
+pub mod dedup;
+pub mod inbox;
+pub mod outbox;
+pub mod transport;

@@ -1,0 +1,1 @@
+//! The dedup conformance suite (being written).

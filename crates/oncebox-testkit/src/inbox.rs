@@ -1,0 +1,1 @@
+//! The inbox conformance suite (being written).

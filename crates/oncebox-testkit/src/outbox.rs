@@ -1,0 +1,1 @@
+//! The outbox conformance suite (being written).
