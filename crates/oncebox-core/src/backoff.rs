@@ -79,10 +79,14 @@ impl Backoff {
     /// or a maximum below the initial delay.
     pub fn validate(&self) -> crate::Result<()> {
         if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
-            return Err(crate::Error::InvalidOptions("backoff multiplier must be >= 1".into()));
+            return Err(crate::Error::InvalidOptions(
+                "backoff multiplier must be >= 1".into(),
+            ));
         }
         if self.max < self.initial {
-            return Err(crate::Error::InvalidOptions("backoff max must be >= initial".into()));
+            return Err(crate::Error::InvalidOptions(
+                "backoff max must be >= initial".into(),
+            ));
         }
         Ok(())
     }

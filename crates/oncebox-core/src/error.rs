@@ -78,33 +78,51 @@ pub enum Error {
 impl Error {
     /// A store error that may succeed when retried (connection lost, lock timeout, busy).
     pub fn store_transient(source: impl Into<BoxError>) -> Self {
-        Self::Store { source: source.into(), transient: true }
+        Self::Store {
+            source: source.into(),
+            transient: true,
+        }
     }
 
     /// A store error that will fail again if retried (constraint, schema, syntax).
     pub fn store_permanent(source: impl Into<BoxError>) -> Self {
-        Self::Store { source: source.into(), transient: false }
+        Self::Store {
+            source: source.into(),
+            transient: false,
+        }
     }
 
     /// A transport error that may succeed when retried (broker down, timeout).
     pub fn transport_transient(source: impl Into<BoxError>) -> Self {
-        Self::Transport { source: source.into(), transient: true }
+        Self::Transport {
+            source: source.into(),
+            transient: true,
+        }
     }
 
     /// A transport error that will fail again if retried (unknown stream, message too big).
     pub fn transport_permanent(source: impl Into<BoxError>) -> Self {
-        Self::Transport { source: source.into(), transient: false }
+        Self::Transport {
+            source: source.into(),
+            transient: false,
+        }
     }
 
     /// A handler failure worth retrying (the default for handler errors).
     pub fn handler(source: impl Into<BoxError>) -> Self {
-        Self::Handler { source: source.into(), permanent: false }
+        Self::Handler {
+            source: source.into(),
+            permanent: false,
+        }
     }
 
     /// A handler failure that will never succeed (malformed payload, business rule): the
     /// message is dead-lettered without further attempts.
     pub fn handler_permanent(source: impl Into<BoxError>) -> Self {
-        Self::Handler { source: source.into(), permanent: true }
+        Self::Handler {
+            source: source.into(),
+            permanent: true,
+        }
     }
 
     /// Whether the operation may succeed if retried later.
@@ -202,7 +220,12 @@ mod tests {
         assert!(Error::handler("try again").is_transient());
         assert!(!Error::handler_permanent("bad order").is_transient());
         assert!(Error::from(InvalidMessage::EmptyTopic).is_invalid_input());
-        assert!(Error::Duplicate { id: crate::MessageId::new() }.is_duplicate());
+        assert!(
+            Error::Duplicate {
+                id: crate::MessageId::new()
+            }
+            .is_duplicate()
+        );
     }
 
     #[test]

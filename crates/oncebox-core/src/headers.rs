@@ -118,7 +118,10 @@ impl Headers {
 }
 
 fn check_name(name: &str) -> Result<(), InvalidMessage> {
-    let invalid = |reason| InvalidMessage::InvalidHeader { name: excerpt(name), reason };
+    let invalid = |reason| InvalidMessage::InvalidHeader {
+        name: excerpt(name),
+        reason,
+    };
     if name.is_empty() {
         return Err(invalid("name is empty"));
     }
@@ -132,7 +135,10 @@ fn check_name(name: &str) -> Result<(), InvalidMessage> {
 }
 
 fn check_value(name: &str, value: &str) -> Result<(), InvalidMessage> {
-    let invalid = |reason| InvalidMessage::InvalidHeader { name: excerpt(name), reason };
+    let invalid = |reason| InvalidMessage::InvalidHeader {
+        name: excerpt(name),
+        reason,
+    };
     if value.len() > MAX_VALUE_LEN {
         return Err(invalid("value is longer than 8 KiB"));
     }
@@ -176,9 +182,21 @@ mod tests {
     fn invalid_wire_bytes_are_typed_errors() {
         let mut h = Headers::new();
         let err = h.insert_bytes(b"x-id", &[0xff, 0xfe]).unwrap_err();
-        assert!(matches!(err, InvalidMessage::InvalidHeader { reason: "value is not UTF-8", .. }));
+        assert!(matches!(
+            err,
+            InvalidMessage::InvalidHeader {
+                reason: "value is not UTF-8",
+                ..
+            }
+        ));
         let err = h.insert_bytes(&[0xc3], b"v").unwrap_err();
-        assert!(matches!(err, InvalidMessage::InvalidHeader { reason: "name is not UTF-8", .. }));
+        assert!(matches!(
+            err,
+            InvalidMessage::InvalidHeader {
+                reason: "name is not UTF-8",
+                ..
+            }
+        ));
         assert!(h.is_empty());
     }
 
@@ -192,7 +210,11 @@ mod tests {
     #[test]
     fn json_round_trip_and_validation() {
         let mut h = Headers::new();
-        h.insert(TRACEPARENT, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        h.insert(
+            TRACEPARENT,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .unwrap();
         assert_eq!(Headers::from_json(&h.to_json()).unwrap(), h);
         assert!(Headers::from_json(r#"{"bad name":"v"}"#).is_err());
         assert!(Headers::from_json("[1,2]").is_err());

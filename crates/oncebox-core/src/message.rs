@@ -42,7 +42,9 @@ impl MessageId {
     pub fn parse(input: &str) -> Result<Self, InvalidMessage> {
         Uuid::try_parse(input)
             .map(Self)
-            .map_err(|_| InvalidMessage::InvalidId { input: excerpt(input) })
+            .map_err(|_| InvalidMessage::InvalidId {
+                input: excerpt(input),
+            })
     }
 
     /// Parses an id from raw header bytes.
@@ -248,7 +250,10 @@ pub struct Limits {
 impl Limits {
     /// The defaults.
     pub const fn new() -> Self {
-        Self { max_payload_bytes: 1024 * 1024, max_topic_len: 255 }
+        Self {
+            max_payload_bytes: 1024 * 1024,
+            max_topic_len: 255,
+        }
     }
 
     /// Sets the largest payload accepted.

@@ -81,9 +81,7 @@ impl Received {
     ///
     /// [`InvalidMessage::Json`](crate::InvalidMessage::Json) if the payload is not valid
     /// JSON for `T`.
-    pub fn payload_json<T: serde::de::DeserializeOwned>(
-        &self,
-    ) -> Result<T, crate::InvalidMessage> {
+    pub fn payload_json<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::InvalidMessage> {
         Ok(serde_json::from_slice(&self.payload)?)
     }
 }

@@ -116,8 +116,11 @@ pub trait DurableInboxStore: SpoolStore<Item = Received> + Transactional {
     /// # Errors
     ///
     /// A store error; do not acknowledge the delivery then.
-    fn accept(&self, id: &str, received: &Received)
-    -> impl Future<Output = Result<Accepted>> + Send;
+    fn accept(
+        &self,
+        id: &str,
+        received: &Received,
+    ) -> impl Future<Output = Result<Accepted>> + Send;
 
     /// Marks the claimed row `seq` done with `result`, inside `tx`.
     ///

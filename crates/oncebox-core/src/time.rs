@@ -13,7 +13,11 @@ pub fn to_unix_millis(time: SystemTime) -> i64 {
 /// The time `millis` milliseconds after the Unix epoch.
 pub fn from_unix_millis(millis: i64) -> SystemTime {
     let magnitude = Duration::from_millis(millis.unsigned_abs());
-    if millis >= 0 { UNIX_EPOCH + magnitude } else { UNIX_EPOCH - magnitude }
+    if millis >= 0 {
+        UNIX_EPOCH + magnitude
+    } else {
+        UNIX_EPOCH - magnitude
+    }
 }
 
 /// A duration in whole milliseconds, saturating at `i64::MAX`.

@@ -1,1 +1,90 @@
-//! placeholder
+//! SQLite stores for [oncebox](https://docs.rs/oncebox): the embedded default backend,
+//! with the transactional outbox, the transactional and durable inboxes and the dedup
+//! store of the idempotent receiver in one database file.
+//!
+//! | type | implements | table |
+//! |---|---|---|
+//! | [`SqliteOutbox`] | `enqueue` on your transaction, [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `oncebox_outbox` |
+//! | [`SqliteInbox`] | [`InboxStore`](oncebox_core::store::InboxStore) + [`Transactional`](oncebox_core::store::Transactional) | `oncebox_inbox` |
+//! | [`SqliteDurableInbox`] | [`DurableInboxStore`](oncebox_core::store::DurableInboxStore) (a spool store too) | `oncebox_durable_inbox` |
+//! | [`SqliteDedupStore`] | [`DedupStore`](oncebox_core::store::DedupStore) | `oncebox_dedup` |
+//!
+//! [`SqliteStore`] opens the database (WAL, `synchronous = NORMAL`, a 10 s busy
+//! timeout), runs the embedded migrations ([`SqliteStore::migrate`], recorded in
+//! `_oncebox_migrations`, apart from your own `_sqlx_migrations`) and hands out the
+//! stores. The schema's raw SQL is [`SCHEMA_V1`], for teams with their own migration tool.
+//!
+//! # Example
+//!
+//! Enqueue a message in the same transaction as the business change, then let a relay
+//! publish it:
+//!
+//! ```
+//! use oncebox_core::Message;
+//! use oncebox_core::memory::MemoryBroker;
+//! use oncebox_core::spool::{Spool, SpoolOptions};
+//! use oncebox_sqlite::SqliteStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("app.db");
+//! let store = SqliteStore::connect(&path).await?;
+//! store.migrate().await?;
+//! let outbox = store.outbox();
+//! # sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY)").execute(store.pool()).await?;
+//!
+//! // The order and its event commit together, or not at all.
+//! let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+//! sqlx::query("INSERT INTO orders (id) VALUES ('order-42')").execute(&mut *tx).await?;
+//! let event = Message::new("orders", r#"{"order":"order-42"}"#)
+//!     .with_key("order-42")
+//!     .with_kind("OrderPlaced");
+//! outbox.enqueue(&mut *tx, &event).await?;
+//! tx.commit().await?;
+//! outbox.wake(); // an in-process relay picks it up now, not at its next poll
+//!
+//! // The relay publishes committed messages, in commit order per key. A service runs
+//! // `relay.run_until(shutdown)`; here one round is enough.
+//! let broker = MemoryBroker::new();
+//! let relay = Spool::relay(outbox.clone(), broker.publisher(), SpoolOptions::new())?;
+//! let round = relay.run_once().await?;
+//! assert_eq!(round.done, 1);
+//! assert_eq!(outbox.stats().await?.pending, 0);
+//! # Ok(()) }
+//! ```
+//!
+//! # Concurrency
+//!
+//! SQLite has a single writer. Transactions that write should start with
+//! `BEGIN IMMEDIATE` (the inbox stores do): they then queue for the write lock, up to the
+//! busy timeout, instead of failing when a read lock cannot be upgraded. Relays claim
+//! without holding the write lock during their scan, so several relays, in one process
+//! or several sharing the file, work side by side and keep per-key order. Handler
+//! transactions of the inboxes run one at a time per database: keep them short.
+//!
+//! Errors of the driver reach you as [`oncebox_core::Error::Store`], transient for a busy
+//! or locked database, I/O failures and pool timeouts. A row that something other than
+//! oncebox wrote and that cannot be read back is a permanent store error whose source is
+//! a [`RowDecodeError`] naming the row; a relay that claims such a row marks it dead
+//! with that reason instead of stopping.
+
+mod dedup;
+mod durable;
+mod error;
+mod inbox;
+mod migrate;
+mod outbox;
+mod spool;
+mod store;
+
+pub use dedup::SqliteDedupStore;
+pub use durable::SqliteDurableInbox;
+pub use error::RowDecodeError;
+pub use inbox::SqliteInbox;
+pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, migrator};
+pub use outbox::{DeadLetter, OutboxStats, RowState, RowStatus, SqliteOutbox};
+pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
+
+/// Re-exported so that callers name the same sqlx version.
+pub use sqlx;

@@ -17,4 +17,5 @@
 pub mod dedup;
 pub mod inbox;
 pub mod outbox;
+mod support;
 pub mod transport;

@@ -1,1 +1,279 @@
-//! The outbox conformance suite (being written).
+//! The outbox conformance suite: the [`SpoolStore`] contract of an outbox table, atomic
+//! enqueue, typed errors for bad input, and the [`Relay`](oncebox_core::spool::Relay)
+//! end to end over the in-process [`MemoryBroker`].
+//!
+//! A backend implements [`OutboxHarness`] and calls every check from its own test, with
+//! a fresh harness (a fresh, empty outbox table) each time:
+//!
+//! ```ignore
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn outbox_per_key_prefix() {
+//!     oncebox_testkit::outbox::per_key_prefix(&MyHarness::new().await).await;
+//! }
+//! ```
+//!
+//! Leases are a few hundred milliseconds and the checks sleep in real time where the
+//! store keeps wall-clock times. Every wait is bounded; a check fails by panicking with a
+//! message that says which rule the store broke.
+//!
+//! | check | proves |
+//! |---|---|
+//! | [`claim_in_commit_order`] | claim returns due rows in commit order, with the token, up to the limit; leased rows are not claimed twice |
+//! | [`per_key_prefix`] | each key's claimed rows are a prefix of its pending rows; a retrying head blocks only its key; rows without a key are independent |
+//! | [`concurrent_claimers_never_overlap`] | 4 claimers racing never hold the same row or the same key at once, and see each key in order |
+//! | [`expired_lease_is_fenced`] | a crashed claim's rows come back after the lease with a new token; the old token's settlements change nothing |
+//! | [`retry_counts_and_waits`] | retry counts the attempt, records the error, and the row is not due before its time |
+//! | [`dead_stores_reason_and_unblocks`] | dead counts the attempt, stores the reason, is never claimed again and unblocks its key |
+//! | [`release_counts_nothing`] | release ends the lease without counting an attempt |
+//! | [`purge_is_bounded_and_selective`] | purge deletes only done rows settled before `before`, at most `limit` per call |
+//! | [`rolled_back_enqueue_is_never_claimed`] | atomic enqueue: a rolled-back transaction leaves no row |
+//! | [`bad_input_is_a_typed_error`] | duplicate ids and invalid messages are typed errors and store nothing |
+//! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
+//! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
+//! | [`relay_cleanup_purges_published`] | [`Spool::cleanup`] with zero retention deletes every published row and nothing else |
+//!
+//! [`Spool::cleanup`]: oncebox_core::spool::Spool::cleanup
+//! [`MemoryBroker`]: oncebox_core::memory::MemoryBroker
+
+use std::future::Future;
+use std::time::Duration;
+
+use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolStore};
+use oncebox_core::{Limits, Message, MessageId, Result};
+
+use crate::support::{ok, within};
+
+mod claiming;
+mod relay;
+mod settling;
+
+pub use claiming::{
+    claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
+    per_key_prefix,
+};
+pub use relay::{
+    Attempt, FailingPublisher, Failure, relay_backs_off_then_dead_letters,
+    relay_cleanup_purges_published, relay_keeps_commit_order,
+};
+pub use settling::{
+    bad_input_is_a_typed_error, dead_stores_reason_and_unblocks, purge_is_bounded_and_selective,
+    release_counts_nothing, retry_counts_and_waits, rolled_back_enqueue_is_never_claimed,
+};
+
+/// How a backend gives the outbox suite a store and writes into it.
+///
+/// Construct one harness per check, on an isolated, empty outbox table (a fresh
+/// database, schema or table prefix).
+pub trait OutboxHarness: Send + Sync {
+    /// The outbox table as the relay sees it.
+    type Store: SpoolStore<Item = Message> + Clone + 'static;
+
+    /// A handle on this harness's outbox. Every call returns a handle on the same table;
+    /// the suite uses several to stand for several relay processes.
+    fn store(&self) -> Self::Store;
+
+    /// Enqueues `messages`, in order, in one transaction on the backend's own connection
+    /// type (the way an application enqueues beside its business writes), and commits.
+    ///
+    /// # Errors
+    ///
+    /// The store's error for the first message it refused (the transaction is then rolled
+    /// back): [`Error::Duplicate`](oncebox_core::Error::Duplicate) for an id already in the table,
+    /// [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage) for a message failing [`Message::validate`].
+    fn enqueue(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send;
+
+    /// Enqueues `messages` in one transaction and rolls it back instead of committing.
+    ///
+    /// # Errors
+    ///
+    /// The store's error for a refused message.
+    fn enqueue_rolled_back(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send;
+
+    /// Enqueues one message in its own committed transaction, returning the store's
+    /// typed error as it is.
+    ///
+    /// # Errors
+    ///
+    /// As [`OutboxHarness::enqueue`].
+    fn enqueue_one(&self, message: &Message) -> impl Future<Output = Result<()>> + Send {
+        self.enqueue(std::slice::from_ref(message))
+    }
+
+    /// The stored state of the row of message `id`, or `None` if there is no such row.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn row_state(&self, id: MessageId) -> impl Future<Output = Result<Option<RowState>>> + Send;
+
+    /// The limits the store enforces at enqueue. Default: [`Limits::new`].
+    fn limits(&self) -> Limits {
+        Limits::new()
+    }
+}
+
+/// Where a row is in its life, as far as the suite needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowStatus {
+    /// Waiting to be published (leased or not, due or not).
+    Pending,
+    /// Published; kept until retention purges it.
+    Done,
+    /// Dead-lettered.
+    Dead,
+}
+
+/// The stored state of one outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowState {
+    /// Where the row is.
+    pub status: RowStatus,
+    /// Attempts counted so far (retries and the dead-lettering attempt).
+    pub attempts: u32,
+    /// The last recorded error; for a dead row, the dead-letter reason.
+    pub last_error: Option<String>,
+}
+
+const TOPIC: &str = "conformance.orders";
+const LONG_LEASE: Duration = Duration::from_secs(30);
+const SHORT_LEASE: Duration = Duration::from_millis(250);
+/// Longest any single step may take before the check gives up.
+const STEP: Duration = Duration::from_secs(10);
+
+/// A message whose payload is its `label`, so failures can name rows.
+fn message(key: Option<&str>, label: &str) -> Message {
+    let message = Message::new(TOPIC, label.to_owned())
+        .with_kind("OrderPlaced")
+        .with_header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+    let message = ok("building a test message", message);
+    match key {
+        Some(key) => message.with_key(key),
+        None => message,
+    }
+}
+
+/// The payload as text, cut short: the label the message was built with, or a mark for
+/// the oversized payloads of the limit checks.
+fn label(message: &Message) -> String {
+    let text = String::from_utf8_lossy(&message.payload);
+    match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}…({} bytes)", &text[..cut], message.payload.len()),
+        None => text.into_owned(),
+    }
+}
+
+fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
+    rows.iter().map(|row| label(&row.item)).collect()
+}
+
+async fn claim<S: SpoolStore<Item = Message>>(
+    step: &str,
+    store: &S,
+    limit: usize,
+    lease: Duration,
+) -> (LeaseToken, Vec<Claimed<Message>>) {
+    let request = ClaimRequest {
+        token: LeaseToken::new(),
+        limit,
+        lease,
+    };
+    let rows = ok(step, within(step, STEP, store.claim(&request)).await);
+    assert!(
+        rows.len() <= limit,
+        "{step}: claimed {} rows with a limit of {limit}",
+        rows.len()
+    );
+    for row in &rows {
+        assert_eq!(
+            row.token,
+            request.token,
+            "{step}: row {} carries a token other than the claim's",
+            label(&row.item)
+        );
+    }
+    assert!(
+        rows.windows(2).all(|pair| pair[0].seq < pair[1].seq),
+        "{step}: rows not in seq order: {:?}",
+        rows.iter()
+            .map(|r| (r.seq, label(&r.item)))
+            .collect::<Vec<_>>()
+    );
+    (request.token, rows)
+}
+
+async fn settle<S: SpoolStore<Item = Message>>(
+    step: &str,
+    store: &S,
+    token: LeaseToken,
+    settlements: Vec<Settlement>,
+) {
+    ok(
+        step,
+        within(step, STEP, store.settle(token, &settlements)).await,
+    );
+}
+
+fn seq_of(rows: &[Claimed<Message>], message: &Message) -> i64 {
+    match rows.iter().find(|row| row.item.id == message.id) {
+        Some(row) => row.seq,
+        None => panic!(
+            "row {} was expected among the claimed rows {:?}",
+            label(message),
+            labels(rows)
+        ),
+    }
+}
+
+fn outcome(rows: &[Claimed<Message>], message: &Message, outcome: Settle) -> Settlement {
+    Settlement {
+        seq: seq_of(rows, message),
+        outcome,
+    }
+}
+
+fn released(rows: &[Claimed<Message>]) -> Vec<Settlement> {
+    rows.iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: Settle::Release,
+        })
+        .collect()
+}
+
+fn all_done(rows: &[Claimed<Message>]) -> Vec<Settlement> {
+    rows.iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: Settle::Done,
+        })
+        .collect()
+}
+
+async fn state<H: OutboxHarness>(harness: &H, message: &Message) -> RowState {
+    let step = format!("row_state of {}", label(message));
+    match ok(&step, harness.row_state(message.id).await) {
+        Some(state) => state,
+        None => panic!("{step}: the row is missing"),
+    }
+}
+
+fn assert_state(step: &str, state: &RowState, status: RowStatus, attempts: u32) {
+    assert_eq!(
+        (state.status, state.attempts),
+        (status, attempts),
+        "{step}: expected status {status:?} with {attempts} attempts, found {state:?}"
+    );
+}
+
+/// Compile-time check that the suite's futures can be spawned on a multi-threaded
+/// runtime for any harness.
+#[allow(dead_code)]
+fn futures_are_send<H: OutboxHarness>(harness: &'static H) {
+    fn send<F: Future + Send>(_: F) {}
+    send(concurrent_claimers_never_overlap(harness));
+    send(relay_keeps_commit_order(harness));
+    send(relay_backs_off_then_dead_letters(harness));
+}

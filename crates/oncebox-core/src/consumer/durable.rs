@@ -28,7 +28,10 @@ impl<S: DurableInboxStore> DurableInbox<S> {
     /// validation.
     pub fn new(store: S, options: ConsumerOptions) -> Result<Self> {
         options.validate()?;
-        Ok(Self { store: Arc::new(store), options })
+        Ok(Self {
+            store: Arc::new(store),
+            options,
+        })
     }
 
     /// The spool that processes stored deliveries with `handler`, each in one transaction
@@ -43,7 +46,10 @@ impl<S: DurableInboxStore> DurableInbox<S> {
         handler: H,
         options: SpoolOptions,
     ) -> Result<Spool<Arc<S>, HandlerSink<S, H>>> {
-        let sink = HandlerSink { store: Arc::clone(&self.store), handler };
+        let sink = HandlerSink {
+            store: Arc::clone(&self.store),
+            handler,
+        };
         Spool::new(Arc::clone(&self.store), sink, options)
     }
 }
@@ -78,7 +84,9 @@ impl<S: DurableInboxStore, H: TxHandler<S::Tx>> Sink<Received> for HandlerSink<S
     async fn deliver(&self, claimed: &Claimed<Received>) -> Result<()> {
         let mut tx = self.store.begin().await?;
         let result = self.handler.handle(&claimed.item, &mut tx).await?;
-        self.store.complete(&mut tx, claimed.token, claimed.seq, &result).await?;
+        self.store
+            .complete(&mut tx, claimed.token, claimed.seq, &result)
+            .await?;
         self.store.commit(tx).await
     }
 }

@@ -34,5 +34,6 @@ pub trait TxHandler<Tx>: Send + Sync {
     /// # Errors
     ///
     /// Any error rolls the transaction back; transient ones are retried with backoff.
-    fn handle(&self, message: &Received, tx: &mut Tx) -> impl Future<Output = Result<Bytes>> + Send;
+    fn handle(&self, message: &Received, tx: &mut Tx)
+    -> impl Future<Output = Result<Bytes>> + Send;
 }

@@ -62,7 +62,10 @@ impl IdStrategy {
                 .filter(|v| !v.is_empty())
                 .map(|v| format!("header:{v}"))
                 .ok_or_else(|| missing(format!("no header {name:?}"))),
-            Self::ContentHash => Ok(format!("sha256:{}", hex(&Sha256::digest(&received.payload)))),
+            Self::ContentHash => Ok(format!(
+                "sha256:{}",
+                hex(&Sha256::digest(&received.payload))
+            )),
             Self::JsonField(pointer) => {
                 let value: serde_json::Value = serde_json::from_slice(&received.payload)
                     .map_err(|_| missing(format!("payload is not JSON, so no field {pointer}")))?;
@@ -92,10 +95,12 @@ impl IdStrategy {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]
@@ -108,22 +113,37 @@ mod tests {
             .with_kind("OrderPlaced")
             .with_header("Idempotency-Key", "abc")
             .unwrap();
-        let at = Coordinates { source: "orders".into(), partition: Some(2), position: "17".into() };
+        let at = Coordinates {
+            source: "orders".into(),
+            partition: Some(2),
+            position: "17".into(),
+        };
         Received::from_message(&msg, at, 1)
     }
 
     #[test]
     fn message_id() {
         let r = received("{}");
-        assert_eq!(IdStrategy::MessageId.id_of(&r).unwrap(), r.id.unwrap().to_string());
+        assert_eq!(
+            IdStrategy::MessageId.id_of(&r).unwrap(),
+            r.id.unwrap().to_string()
+        );
         let foreign = Received { id: None, ..r };
-        assert!(matches!(IdStrategy::MessageId.id_of(&foreign), Err(InvalidMessage::MissingId(_))));
+        assert!(matches!(
+            IdStrategy::MessageId.id_of(&foreign),
+            Err(InvalidMessage::MissingId(_))
+        ));
     }
 
     #[test]
     fn header() {
         let r = received("{}");
-        assert_eq!(IdStrategy::Header("Idempotency-Key".into()).id_of(&r).unwrap(), "header:abc");
+        assert_eq!(
+            IdStrategy::Header("Idempotency-Key".into())
+                .id_of(&r)
+                .unwrap(),
+            "header:abc"
+        );
         assert!(IdStrategy::Header("X-Other".into()).id_of(&r).is_err());
     }
 
@@ -143,12 +163,28 @@ mod tests {
     #[test]
     fn json_field_and_composite() {
         let r = received(r#"{"order_id": "o-7", "n": 3}"#);
-        assert_eq!(IdStrategy::JsonField("/order_id".into()).id_of(&r).unwrap(), "field:o-7");
-        assert_eq!(IdStrategy::JsonField("/n".into()).id_of(&r).unwrap(), "field:3");
+        assert_eq!(
+            IdStrategy::JsonField("/order_id".into()).id_of(&r).unwrap(),
+            "field:o-7"
+        );
+        assert_eq!(
+            IdStrategy::JsonField("/n".into()).id_of(&r).unwrap(),
+            "field:3"
+        );
         assert!(IdStrategy::JsonField("/missing".into()).id_of(&r).is_err());
-        assert!(IdStrategy::JsonField("/order_id".into()).id_of(&received("not json")).is_err());
-        let both = IdStrategy::Composite(vec![IdStrategy::Kind, IdStrategy::JsonField("/order_id".into())]);
-        assert_eq!(both.id_of(&r).unwrap(), "composite:16:kind:OrderPlaced:9:field:o-7");
+        assert!(
+            IdStrategy::JsonField("/order_id".into())
+                .id_of(&received("not json"))
+                .is_err()
+        );
+        let both = IdStrategy::Composite(vec![
+            IdStrategy::Kind,
+            IdStrategy::JsonField("/order_id".into()),
+        ]);
+        assert_eq!(
+            both.id_of(&r).unwrap(),
+            "composite:16:kind:OrderPlaced:9:field:o-7"
+        );
     }
 
     #[test]

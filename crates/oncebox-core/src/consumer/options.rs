@@ -117,7 +117,9 @@ impl ConsumerOptions {
             return Err(Error::InvalidOptions("consumer name is empty".into()));
         }
         if self.max_attempts == 0 {
-            return Err(Error::InvalidOptions("max_attempts must be at least 1".into()));
+            return Err(Error::InvalidOptions(
+                "max_attempts must be at least 1".into(),
+            ));
         }
         if self.lease.is_zero() {
             return Err(Error::InvalidOptions("lease must be positive".into()));

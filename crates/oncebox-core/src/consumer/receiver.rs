@@ -35,7 +35,12 @@ impl<D: DedupStore, H: Handler> IdempotentReceiver<D, H> {
     pub fn new(store: D, handler: H, options: ConsumerOptions) -> Result<Self> {
         options.validate()?;
         let result_ttl = options.dedup_window;
-        Ok(Self { store, handler, options, result_ttl })
+        Ok(Self {
+            store,
+            handler,
+            options,
+            result_ttl,
+        })
     }
 
     /// The store.
@@ -64,14 +69,20 @@ where
                 return Ok(Outcome::Duplicate);
             }
             Ok(Begin::InProgress { retry_after }) => {
-                delivery.nack(retry_after.max(Duration::from_millis(10))).await?;
+                delivery
+                    .nack(retry_after.max(Duration::from_millis(10)))
+                    .await?;
                 return Ok(Outcome::InProgress);
             }
             Err(error) => return self.store_unavailable(delivery, error).await,
         };
         match self.handler.handle(delivery.received()).await {
             Ok(result) => {
-                match self.store.complete(&id, token, &result, self.result_ttl).await {
+                match self
+                    .store
+                    .complete(&id, token, &result, self.result_ttl)
+                    .await
+                {
                     Ok(()) => {}
                     // The effect happened; another worker took the id after our lease
                     // ended and may repeat it. Nothing to undo here: say so loudly.

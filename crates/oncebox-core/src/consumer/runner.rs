@@ -27,7 +27,11 @@ where
 {
     /// A consumer with 16 lanes.
     pub fn new(subscriber: Sub, processor: Arc<P>) -> Self {
-        Self { subscriber, processor, lanes: 16 }
+        Self {
+            subscriber,
+            processor,
+            lanes: 16,
+        }
     }
 
     /// Sets the number of concurrent lanes (at least 1). Default: 16.

@@ -29,7 +29,11 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
     /// [`Error::InvalidOptions`] if `options` fail validation.
     pub fn new(store: S, handler: H, options: ConsumerOptions) -> Result<Self> {
         options.validate()?;
-        Ok(Self { store, handler, options })
+        Ok(Self {
+            store,
+            handler,
+            options,
+        })
     }
 
     /// The store.
@@ -56,7 +60,9 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
             return Ok((Outcome::Duplicate, result));
         }
         let result = self.handler.handle(received, &mut tx).await?;
-        self.store.store_result(&mut tx, consumer, &id, &result).await?;
+        self.store
+            .store_result(&mut tx, consumer, &id, &result)
+            .await?;
         self.store.commit(tx).await?;
         Ok((Outcome::Handled, result))
     }

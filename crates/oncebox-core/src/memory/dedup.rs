@@ -101,7 +101,9 @@ impl MemoryDedupStore {
 
     fn check_up(&self) -> Result<()> {
         if self.down.load(Ordering::SeqCst) {
-            return Err(Error::store_transient("in-memory dedup store is down (fault injection)"));
+            return Err(Error::store_transient(
+                "in-memory dedup store is down (fault injection)",
+            ));
         }
         Ok(())
     }
@@ -111,12 +113,17 @@ impl MemoryDedupStore {
         let now = Instant::now();
         let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
         let generation = token.0;
-        let state = State::InProgress { token, until: now + lease };
+        let state = State::InProgress {
+            token,
+            until: now + lease,
+        };
         let mut shard = self.shard(id);
         match shard.entries.entry(id.to_owned()) {
             Entry::Occupied(mut held) if held.get().state.until() > now => {
                 return Ok(match &held.get_mut().state {
-                    State::InProgress { until, .. } => Begin::InProgress { retry_after: *until - now },
+                    State::InProgress { until, .. } => Begin::InProgress {
+                        retry_after: *until - now,
+                    },
                     State::Completed { result, .. } => Begin::Completed(result.clone()),
                 });
             }
@@ -133,7 +140,12 @@ impl MemoryDedupStore {
         Ok(Begin::Started(token))
     }
 
-    fn finish_sync(&self, id: &str, token: FencingToken, result: Option<(&[u8], Duration)>) -> Result<()> {
+    fn finish_sync(
+        &self,
+        id: &str,
+        token: FencingToken,
+        result: Option<(&[u8], Duration)>,
+    ) -> Result<()> {
         self.check_up()?;
         let now = Instant::now();
         let mut shard = self.shard(id);
@@ -146,7 +158,10 @@ impl MemoryDedupStore {
         }
         match result {
             Some((result, ttl)) => {
-                slot.state = State::Completed { result: Bytes::copy_from_slice(result), until: now + ttl };
+                slot.state = State::Completed {
+                    result: Bytes::copy_from_slice(result),
+                    until: now + ttl,
+                };
             }
             None => {
                 shard.entries.remove(id);
@@ -162,7 +177,10 @@ impl Shard {
     fn shrink(&mut self, capacity: usize, now: Instant) -> u64 {
         let mut evicted = 0;
         while let Some((id, generation)) = self.order.front() {
-            let current = self.entries.get(id).filter(|slot| slot.generation == *generation);
+            let current = self
+                .entries
+                .get(id)
+                .filter(|slot| slot.generation == *generation);
             match current {
                 // Stale pair: the id was removed or re-inserted since.
                 None => {}
@@ -180,7 +198,8 @@ impl Shard {
         // Re-inserted ids leave stale pairs behind the front; keep the queue bounded.
         if self.order.len() > 2 * capacity + 16 {
             let entries = &self.entries;
-            self.order.retain(|(id, g)| entries.get(id).is_some_and(|s| s.generation == *g));
+            self.order
+                .retain(|(id, g)| entries.get(id).is_some_and(|s| s.generation == *g));
         }
         evicted
     }
@@ -189,7 +208,9 @@ impl Shard {
 fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a shard half-updated in a way that
     // matters more than losing the store, so recover the guard.
-    shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    shard
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Default for MemoryDedupStore {
@@ -204,7 +225,13 @@ impl DedupStore for MemoryDedupStore {
         self.begin_sync(id, lease)
     }
 
-    async fn complete(&self, id: &str, token: FencingToken, result: &[u8], ttl: Duration) -> Result<()> {
+    async fn complete(
+        &self,
+        id: &str,
+        token: FencingToken,
+        result: &[u8],
+        ttl: Duration,
+    ) -> Result<()> {
         self.finish_sync(id, token, Some((result, ttl)))
     }
 
@@ -252,10 +279,16 @@ mod tests {
             let Begin::Started(token) = store.begin(&i.to_string(), LEASE).await.unwrap() else {
                 panic!("fresh id {i} not started");
             };
-            store.complete(&i.to_string(), token, b"ok", TTL).await.unwrap();
+            store
+                .complete(&i.to_string(), token, b"ok", TTL)
+                .await
+                .unwrap();
         }
         for i in 0..10_000 {
-            assert_eq!(store.begin(&i.to_string(), LEASE).await.unwrap(), Begin::Completed(Bytes::from_static(b"ok")));
+            assert_eq!(
+                store.begin(&i.to_string(), LEASE).await.unwrap(),
+                Begin::Completed(Bytes::from_static(b"ok"))
+            );
         }
         assert_eq!(store.evictions(), 0);
     }
@@ -269,7 +302,10 @@ mod tests {
         assert!(store.len() <= SHARDS);
         assert!(store.evictions() >= 200 - SHARDS as u64);
         // The newest id is still held.
-        assert!(matches!(store.begin("id-199", LEASE).await.unwrap(), Begin::InProgress { .. }));
+        assert!(matches!(
+            store.begin("id-199", LEASE).await.unwrap(),
+            Begin::InProgress { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -279,9 +315,17 @@ mod tests {
             let Begin::Started(token) = store.begin("same", LEASE).await.unwrap() else {
                 panic!("round {round}: not free");
             };
-            store.complete("same", token, b"", Duration::from_millis(1)).await.unwrap();
+            store
+                .complete("same", token, b"", Duration::from_millis(1))
+                .await
+                .unwrap();
             tokio::time::advance(Duration::from_millis(2)).await;
         }
-        assert!(lock(&store.shards[(store.hasher.hash_one("same") as usize) % SHARDS]).order.len() < 200);
+        assert!(
+            lock(&store.shards[(store.hasher.hash_one("same") as usize) % SHARDS])
+                .order
+                .len()
+                < 200
+        );
     }
 }

@@ -63,7 +63,12 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// [`Error::InvalidOptions`] if `options` fail [`SpoolOptions::validate`].
     pub fn new(store: S, sink: K, options: SpoolOptions) -> Result<Self> {
         options.validate()?;
-        Ok(Self { store, sink, options, on_dead: None })
+        Ok(Self {
+            store,
+            sink,
+            options,
+            on_dead: None,
+        })
     }
 
     /// Calls `hook` for every dead-lettered item (beside the log line and the metric).
@@ -101,7 +106,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             lease: self.options.lease,
         };
         let batch = self.store.claim(&request).await?;
-        let mut report = BatchReport { claimed: batch.len(), ..BatchReport::default() };
+        let mut report = BatchReport {
+            claimed: batch.len(),
+            ..BatchReport::default()
+        };
         if batch.is_empty() {
             return Ok(report);
         }
@@ -137,7 +145,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 blocked = matches!(outcome, Settle::Retry { .. });
                 outcome
             };
-            settlements.push(Settlement { seq: row.seq, outcome });
+            settlements.push(Settlement {
+                seq: row.seq,
+                outcome,
+            });
         }
         settlements
     }
@@ -158,7 +169,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 spool = %self.options.name, item = %row.item.describe(), attempts, ?delay, %error,
                 "delivery failed; will retry"
             );
-            return Settle::Retry { at: SystemTime::now() + delay, error: error.to_string() };
+            return Settle::Retry {
+                at: SystemTime::now() + delay,
+                error: error.to_string(),
+            };
         }
         let reason = if error.is_transient() {
             format!("gave up after {attempts} attempts: {error}")
@@ -230,7 +244,11 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             shutdown.await;
             let _ = stop.send(true);
         };
-        tokio::join!(signal, self.claim_loop(stopped.clone()), self.cleanup_loop(stopped));
+        tokio::join!(
+            signal,
+            self.claim_loop(stopped.clone()),
+            self.cleanup_loop(stopped)
+        );
         Ok(())
     }
 
@@ -264,8 +282,12 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             }
             match self.cleanup().await {
                 Ok(0) => {}
-                Ok(deleted) => tracing::debug!(spool = %self.options.name, deleted, "retention cleanup"),
-                Err(error) => tracing::warn!(spool = %self.options.name, %error, "retention cleanup failed"),
+                Ok(deleted) => {
+                    tracing::debug!(spool = %self.options.name, deleted, "retention cleanup")
+                }
+                Err(error) => {
+                    tracing::warn!(spool = %self.options.name, %error, "retention cleanup failed")
+                }
             }
         }
     }
@@ -299,12 +321,22 @@ mod tests {
     fn row(seq: i64, key: Option<&str>) -> Claimed<Message> {
         let mut item = Message::new("t", "");
         item.key = key.map(str::to_owned);
-        Claimed { seq, token: LeaseToken::new(), attempts: 0, item }
+        Claimed {
+            seq,
+            token: LeaseToken::new(),
+            attempts: 0,
+            item,
+        }
     }
 
     #[test]
     fn groups_keep_order_within_a_key() {
-        let batch = vec![row(1, Some("a")), row(2, Some("b")), row(3, None), row(4, Some("a"))];
+        let batch = vec![
+            row(1, Some("a")),
+            row(2, Some("b")),
+            row(3, None),
+            row(4, Some("a")),
+        ];
         let groups: Vec<Vec<i64>> = group_by_key(batch)
             .into_iter()
             .map(|g| g.into_iter().map(|r| r.seq).collect())

@@ -23,6 +23,4 @@ mod store;
 pub use engine::{BatchReport, DeadLetterHook, Relay, Spool};
 pub use options::SpoolOptions;
 pub use sink::{PublishSink, Sink};
-pub use store::{
-    ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolItem, SpoolStore,
-};
+pub use store::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolItem, SpoolStore};

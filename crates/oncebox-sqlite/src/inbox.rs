@@ -1,0 +1,122 @@
+//! The transactional inbox on SQLite.
+
+use std::time::SystemTime;
+
+use oncebox_core::store::{InboxStore, Recorded, Transactional};
+use oncebox_core::time::to_unix_millis;
+use oncebox_core::{Bytes, Result};
+use sqlx::sqlite::SqlitePool;
+use sqlx::{Sqlite, Transaction};
+
+use crate::error::store_error;
+use crate::spool::sql_limit;
+
+const RECORD: &str = "\
+INSERT INTO oncebox_inbox (consumer, message_id, processed_at) VALUES (?1, ?2, ?3)
+ON CONFLICT (consumer, message_id) DO NOTHING";
+
+const STORED_RESULT: &str = "\
+SELECT result FROM oncebox_inbox WHERE consumer = ?1 AND message_id = ?2";
+
+const STORE_RESULT: &str = "\
+INSERT INTO oncebox_inbox (consumer, message_id, result, processed_at) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result";
+
+const PURGE: &str = "\
+DELETE FROM oncebox_inbox WHERE rowid IN (
+  SELECT rowid FROM oncebox_inbox WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)";
+
+/// Starts a transaction that takes SQLite's write lock at once.
+///
+/// Concurrent transactions on the same database then run one after the other instead of
+/// failing on lock upgrade, and a duplicate delivery waits for the first one to commit,
+/// then finds its record.
+pub(crate) async fn begin_immediate(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>> {
+    pool.begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(store_error)
+}
+
+/// The transactional inbox: records of the ids each consumer processed, written in the
+/// handler's transaction (table `oncebox_inbox`, keyed by consumer and id).
+///
+/// Transactions start with `BEGIN IMMEDIATE`, so handler transactions on one database
+/// run one at a time (SQLite has a single writer); keep handlers short. The handler runs
+/// its queries on `&mut **tx`.
+#[derive(Debug, Clone)]
+pub struct SqliteInbox {
+    pool: SqlitePool,
+}
+
+impl SqliteInbox {
+    pub(crate) fn new(pool: SqlitePool) -> Self {
+        Self { pool }
+    }
+}
+
+impl Transactional for SqliteInbox {
+    type Tx = Transaction<'static, Sqlite>;
+
+    async fn begin(&self) -> Result<Self::Tx> {
+        begin_immediate(&self.pool).await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(store_error)
+    }
+}
+
+impl InboxStore for SqliteInbox {
+    async fn record(&self, tx: &mut Self::Tx, consumer: &str, id: &str) -> Result<Recorded> {
+        let inserted = sqlx::query(RECORD)
+            .bind(consumer.to_owned())
+            .bind(id.to_owned())
+            .bind(to_unix_millis(SystemTime::now()))
+            .execute(&mut **tx)
+            .await
+            .map_err(store_error)?;
+        if inserted.rows_affected() > 0 {
+            return Ok(Recorded::New);
+        }
+        let result: Option<Vec<u8>> = sqlx::query_scalar(STORED_RESULT)
+            .bind(consumer.to_owned())
+            .bind(id.to_owned())
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(store_error)?;
+        Ok(Recorded::Duplicate {
+            result: result.map(Bytes::from).unwrap_or_default(),
+        })
+    }
+
+    async fn store_result(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        id: &str,
+        result: &[u8],
+    ) -> Result<()> {
+        sqlx::query(STORE_RESULT)
+            .bind(consumer.to_owned())
+            .bind(id.to_owned())
+            .bind(result.to_vec())
+            .bind(to_unix_millis(SystemTime::now()))
+            .execute(&mut **tx)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let deleted = sqlx::query(PURGE)
+            .bind(to_unix_millis(before))
+            .bind(sql_limit(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(deleted.rows_affected())
+    }
+}

@@ -1,0 +1,35 @@
+//! The embedded schema and its migrator.
+
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+/// The table in which [`migrator`] records applied migrations, apart from the
+/// application's own `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_oncebox_migrations";
+
+/// The schema, version 1: the raw SQL of `migrations/0001_init.sql`, for teams that apply
+/// migrations with their own tool. Every statement is idempotent.
+pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
+
+/// The migrator of oncebox's tables, recording its work in [`MIGRATIONS_TABLE`].
+///
+/// [`SqliteStore::migrate`](crate::SqliteStore::migrate) runs it; call it directly to
+/// migrate through a connection or pool of your own:
+///
+/// ```
+/// # async fn demo(pool: &sqlx::SqlitePool) -> Result<(), sqlx::migrate::MigrateError> {
+/// oncebox_sqlite::migrator().run(pool).await?;
+/// # Ok(()) }
+/// ```
+pub fn migrator() -> Migrator {
+    let migrations = vec![Migration::new(
+        1,
+        "oncebox init".into(),
+        MigrationType::Simple,
+        SCHEMA_V1.into_sql_str(),
+        false,
+    )];
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}

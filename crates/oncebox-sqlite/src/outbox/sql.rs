@@ -1,0 +1,131 @@
+//! The outbox's statements.
+
+use crate::spool::SpoolSql;
+
+pub(super) const TABLE: &str = "oncebox_outbox";
+
+pub(super) const ENQUEUE: &str = "\
+INSERT INTO oncebox_outbox (id, topic, key, kind, headers, payload, created_at, available_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+pub(super) static SPOOL: SpoolSql = SpoolSql {
+    table: TABLE,
+    candidates: "\
+SELECT o.seq FROM oncebox_outbox AS o
+WHERE o.status = 'pending'
+  AND o.available_at <= ?1
+  AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+  AND (o.key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM oncebox_outbox AS p
+      WHERE p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
+        AND (p.available_at > ?1 OR p.lease_until > ?1)))
+ORDER BY o.seq
+LIMIT ?2",
+    claim: "\
+UPDATE oncebox_outbox SET lease_token = ?3, lease_until = ?2
+WHERE seq IN (
+  SELECT o.seq FROM oncebox_outbox AS o
+  WHERE o.seq IN (SELECT value FROM json_each(?4))
+    AND o.status = 'pending'
+    AND o.available_at <= ?1
+    AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+    AND (o.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM oncebox_outbox AS p
+        WHERE p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
+          AND (p.available_at > ?1 OR p.lease_until > ?1
+               OR p.seq NOT IN (SELECT value FROM json_each(?4))))))
+RETURNING seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at",
+    done: "\
+UPDATE oncebox_outbox
+SET status = 'done', done_at = ?3, lease_token = NULL, lease_until = NULL
+WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'",
+    release: "\
+UPDATE oncebox_outbox SET lease_token = NULL, lease_until = NULL
+WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'",
+    retry: "\
+UPDATE oncebox_outbox
+SET attempts = attempts + 1, available_at = ?3, last_error = ?4,
+    lease_token = NULL, lease_until = NULL
+WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending'",
+    dead: "\
+UPDATE oncebox_outbox
+SET attempts = attempts + 1, status = 'dead', dead_at = ?3, last_error = ?4,
+    lease_token = NULL, lease_until = NULL
+WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending'",
+    purge: "\
+DELETE FROM oncebox_outbox WHERE seq IN (
+  SELECT seq FROM oncebox_outbox
+  WHERE status = 'done' AND done_at < ?1
+  ORDER BY done_at
+  LIMIT ?2)",
+};
+
+pub(super) const COUNT_PENDING: &str =
+    "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'pending'";
+pub(super) const COUNT_DONE: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'done'";
+pub(super) const COUNT_DEAD: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'dead'";
+pub(super) const OLDEST_PENDING: &str = "\
+SELECT created_at FROM oncebox_outbox WHERE status = 'pending' ORDER BY seq LIMIT 1";
+
+pub(super) const DEAD_LETTERS: &str = "\
+SELECT seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at,
+       last_error, dead_at
+FROM oncebox_outbox WHERE status = 'dead' ORDER BY seq LIMIT ?1";
+
+pub(super) const REPLAY_DEAD: &str = "\
+UPDATE oncebox_outbox
+SET status = 'pending', attempts = 0, available_at = ?2, dead_at = NULL,
+    lease_token = NULL, lease_until = NULL
+WHERE id = ?1 AND status = 'dead'";
+
+pub(super) const STATUS: &str = "\
+SELECT seq, status, attempts, available_at, lease_until, last_error, done_at, dead_at
+FROM oncebox_outbox WHERE id = ?1";
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Row;
+
+    use super::*;
+    use crate::SqliteStore;
+
+    async fn plan(store: &SqliteStore, sql: &'static str) -> Vec<String> {
+        let explain: &'static str = format!("EXPLAIN QUERY PLAN {sql}").leak();
+        sqlx::query(explain)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<String, _>("detail"))
+            .collect()
+    }
+
+    /// The claim and the settlements walk indexes, never the table, and never sort.
+    #[tokio::test]
+    async fn spool_statements_are_index_driven() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::connect(dir.path().join("plan.db"))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        for (name, sql) in [
+            ("candidates", SPOOL.candidates),
+            ("claim", SPOOL.claim),
+            ("done", SPOOL.done),
+            ("retry", SPOOL.retry),
+            ("purge", SPOOL.purge),
+            ("oldest pending", OLDEST_PENDING),
+            ("dead letters", DEAD_LETTERS),
+        ] {
+            let plan = plan(&store, sql).await;
+            println!("{name}:\n  {}", plan.join("\n  "));
+            for step in &plan {
+                assert!(!step.contains("TEMP B-TREE"), "{name} sorts: {plan:?}");
+                let scans_table = step.starts_with("SCAN ")
+                    && !step.contains("INDEX")
+                    && !step.contains("json_each");
+                assert!(!scans_table, "{name} scans the table: {plan:?}");
+            }
+        }
+    }
+}

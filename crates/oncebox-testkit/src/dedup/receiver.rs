@@ -1,0 +1,289 @@
+//! Checks of the idempotent receiver running over the store.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncebox_core::consumer::{ConsumerOptions, Handler, IdempotentReceiver, Outcome, Process};
+use oncebox_core::store::DedupStore;
+use oncebox_core::{Bytes, Coordinates, Delivery, Error, Message, Received, Result};
+use tokio::sync::Barrier;
+
+use super::{DedupHarness, LONG_LEASE, STEP, assert_completed};
+use crate::support::{ok, within};
+
+/// A handler that counts its runs, sleeps to widen the race window, and returns the
+/// number of the run as its result. While `failures` is above zero it fails instead.
+struct CountingHandler {
+    runs: Arc<AtomicU32>,
+    failures: AtomicU32,
+    delay: Duration,
+}
+
+impl Handler for CountingHandler {
+    async fn handle(&self, _message: &Received) -> Result<Bytes> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(self.delay).await;
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+        {
+            return Err(Error::handler("injected handler failure"));
+        }
+        Ok(Bytes::from(format!("run {run}")))
+    }
+}
+
+/// How the receiver settled a [`TestDelivery`].
+#[derive(Debug, Clone, PartialEq)]
+enum Settled {
+    Acked,
+    Nacked(Duration),
+    DeadLettered(String),
+}
+
+/// A delivery that records how it was settled, standing in for a broker's.
+struct TestDelivery {
+    received: Received,
+    settled: Arc<Mutex<Option<Settled>>>,
+}
+
+impl TestDelivery {
+    fn new(received: Received) -> (Self, Arc<Mutex<Option<Settled>>>) {
+        let settled = Arc::new(Mutex::new(None));
+        (
+            Self {
+                received,
+                settled: Arc::clone(&settled),
+            },
+            settled,
+        )
+    }
+
+    fn settle(self, how: Settled) {
+        let mut slot = self
+            .settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(slot.is_none(), "a delivery was settled twice");
+        *slot = Some(how);
+    }
+}
+
+impl Delivery for TestDelivery {
+    fn received(&self) -> &Received {
+        &self.received
+    }
+
+    async fn ack(self) -> Result<()> {
+        self.settle(Settled::Acked);
+        Ok(())
+    }
+
+    async fn nack(self, delay: Duration) -> Result<()> {
+        self.settle(Settled::Nacked(delay));
+        Ok(())
+    }
+
+    async fn dead_letter(self, reason: &str) -> Result<()> {
+        self.settle(Settled::DeadLettered(reason.to_owned()));
+        Ok(())
+    }
+}
+
+/// Delivers `received` to `receiver` like a broker would: again after every nack (after
+/// at most 20 ms, whatever delay was asked), until it is acked. Returns the outcomes.
+async fn deliver_until_acked<S: DedupStore, Hd: Handler>(
+    receiver: &IdempotentReceiver<S, Hd>,
+    received: &Received,
+) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for delivery_count in 1..=500 {
+        let (outcome, settled) = deliver_once(receiver, received, delivery_count).await;
+        outcomes.push(outcome);
+        match settled {
+            Some(Settled::Acked) => return outcomes,
+            Some(Settled::Nacked(delay)) => {
+                tokio::time::sleep(delay.min(Duration::from_millis(20))).await
+            }
+            Some(Settled::DeadLettered(reason)) => {
+                panic!("the receiver dead-lettered the message: {reason}")
+            }
+            None => panic!("the receiver returned without settling the delivery"),
+        }
+    }
+    panic!("the message was still not acked after 500 deliveries; outcomes: {outcomes:?}")
+}
+
+/// Delivers one copy of `received` and returns the outcome and how it was settled.
+async fn deliver_once<S: DedupStore, Hd: Handler>(
+    receiver: &IdempotentReceiver<S, Hd>,
+    received: &Received,
+    delivery_count: u32,
+) -> (Outcome, Option<Settled>) {
+    let mut copy = received.clone();
+    copy.delivery_count = delivery_count;
+    let (delivery, settled) = TestDelivery::new(copy);
+    let outcome = ok(
+        "IdempotentReceiver::process",
+        receiver.process(delivery).await,
+    );
+    let settled = settled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    (outcome, settled)
+}
+
+fn received(topic: &str) -> Received {
+    let message = Message::new(topic, "{\"amount\":42}").with_kind("PaymentRequested");
+    let at = Coordinates {
+        source: topic.to_owned(),
+        partition: None,
+        position: "1".to_owned(),
+    };
+    Received::from_message(&message, at, 1)
+}
+
+/// The [`IdempotentReceiver`] over this store, with 8 workers each receiving 3 copies of
+/// one message at once (redelivering after every nack), runs the handler exactly once;
+/// every copy is finally acked, one as `Handled` and the rest as duplicates.
+pub async fn receiver_runs_handler_once<H: DedupHarness>(harness: &H) {
+    const WORKERS: usize = 8;
+    const COPIES: usize = 3;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = CountingHandler {
+        runs: Arc::clone(&runs),
+        failures: AtomicU32::new(0),
+        delay: Duration::from_millis(100),
+    };
+    let options = ConsumerOptions::new("conformance").lease(Duration::from_secs(10));
+    let receiver = Arc::new(ok(
+        "IdempotentReceiver::new",
+        IdempotentReceiver::new(harness.store(), handler, options),
+    ));
+    let message = received("payments");
+    let barrier = Arc::new(Barrier::new(WORKERS));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..WORKERS {
+        let (receiver, message, barrier) =
+            (Arc::clone(&receiver), message.clone(), Arc::clone(&barrier));
+        workers.spawn(async move {
+            barrier.wait().await;
+            let mut outcomes = Vec::new();
+            for _ in 0..COPIES {
+                outcomes.extend(deliver_until_acked(&receiver, &message).await);
+            }
+            outcomes
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(joined) = within(
+        "8 workers receiving duplicates",
+        Duration::from_secs(30),
+        workers.join_next(),
+    )
+    .await
+    {
+        outcomes.extend(ok("join worker", joined));
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler must run once for {} copies; outcomes: {outcomes:?}",
+        WORKERS * COPIES
+    );
+    let handled = outcomes.iter().filter(|o| **o == Outcome::Handled).count();
+    let duplicates = outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Duplicate)
+        .count();
+    assert_eq!(
+        handled, 1,
+        "exactly one delivery is Handled; outcomes: {outcomes:?}"
+    );
+    assert_eq!(
+        duplicates,
+        WORKERS * COPIES - 1,
+        "every other copy is acked as a duplicate; outcomes: {outcomes:?}"
+    );
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            Outcome::Handled | Outcome::Duplicate | Outcome::InProgress
+        )),
+        "unexpected outcomes: {outcomes:?}"
+    );
+    let id = message.id.map(|id| id.to_string()).unwrap_or_default();
+    assert_completed(
+        "begin after the receiver finished",
+        receiver.store().begin(&id, LONG_LEASE).await,
+        b"run 1",
+    );
+}
+
+/// When the handler fails, the [`IdempotentReceiver`] abandons the id, so the very next
+/// delivery runs the handler again instead of waiting for the lease; the successful
+/// run's result is what later duplicates find.
+pub async fn receiver_failure_frees_id<H: DedupHarness>(harness: &H) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = CountingHandler {
+        runs: Arc::clone(&runs),
+        failures: AtomicU32::new(1),
+        delay: Duration::ZERO,
+    };
+    // A lease far longer than the check: only abandon can free the id in time.
+    let options = ConsumerOptions::new("conformance").lease(Duration::from_secs(60));
+    let receiver = ok(
+        "IdempotentReceiver::new",
+        IdempotentReceiver::new(harness.store(), handler, options),
+    );
+    let message = received("emails");
+
+    let (outcome, settled) =
+        within("first delivery", STEP, deliver_once(&receiver, &message, 1)).await;
+    assert!(
+        matches!(
+            (&outcome, &settled),
+            (Outcome::Retrying { .. }, Some(Settled::Nacked(_)))
+        ),
+        "a failing handler is retried: expected Retrying and a nack, got {outcome:?} / {settled:?}"
+    );
+    let (outcome, settled) = within(
+        "second delivery",
+        STEP,
+        deliver_once(&receiver, &message, 2),
+    )
+    .await;
+    assert_eq!(
+        (&outcome, &settled),
+        (&Outcome::Handled, &Some(Settled::Acked)),
+        "the redelivery right after a failure must run the handler (the failure abandons the id)"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the handler runs once failing, once succeeding"
+    );
+    let (outcome, settled) =
+        within("third delivery", STEP, deliver_once(&receiver, &message, 3)).await;
+    assert_eq!(
+        (&outcome, &settled),
+        (&Outcome::Duplicate, &Some(Settled::Acked)),
+        "a later copy is acked as a duplicate"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "a duplicate never runs the handler"
+    );
+    let id = message.id.map(|id| id.to_string()).unwrap_or_default();
+    assert_completed(
+        "begin after the receiver finished",
+        receiver.store().begin(&id, LONG_LEASE).await,
+        b"run 2",
+    );
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Starts, and where missing installs, the services the tests need.
+#
+#   scripts/services.sh NAME...
+#
+# Each backend's tests add their service to SERVICES in scripts/test; this script knows
+# how to bring each one up on a Debian machine and waits until it answers.
+set -euo pipefail
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+# wait_for HOST PORT NAME: wait up to 60 s for a TCP port to accept connections.
+wait_for() {
+  local host=$1 port=$2 name=$3
+  for _ in $(seq 1 120); do
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+      log "$name is up on $host:$port"
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "$name did not come up on $host:$port"
+  return 1
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+apt_install() {
+  if [ -z "${APT_UPDATED:-}" ]; then
+    apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_postgres() {
+  port_open 5432 && return 0
+  command -v pg_ctlcluster >/dev/null || apt_install postgresql
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  wait_for 127.0.0.1 5432 PostgreSQL
+}
+
+ensure_mariadb() {
+  port_open 3306 && return 0
+  command -v mariadbd >/dev/null || apt_install mariadb-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  wait_for 127.0.0.1 3306 MariaDB
+}
+
+ensure_redis() {
+  port_open 6379 && return 0
+  command -v redis-server >/dev/null || apt_install redis-server
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for 127.0.0.1 6379 Redis
+}
+
+ensure_rabbitmq() {
+  port_open 5672 && return 0
+  command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  rabbitmq-server -detached
+  wait_for 127.0.0.1 5672 RabbitMQ
+}
+
+ensure_nats() {
+  port_open 4222 && return 0
+  command -v nats-server >/dev/null || apt_install nats-server
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_for 127.0.0.1 4222 NATS
+}
+
+for service in "$@"; do
+  case "$service" in
+    postgres) ensure_postgres ;;
+    mariadb) ensure_mariadb ;;
+    redis) ensure_redis ;;
+    rabbitmq) ensure_rabbitmq ;;
+    nats) ensure_nats ;;
+    *) log "unknown service: $service"; exit 2 ;;
+  esac
+done
