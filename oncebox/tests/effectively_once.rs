@@ -1,7 +1,7 @@
 //! Property test of the whole path: SQLite outbox → relay → in-process broker →
 //! transactional inbox, through random crash points of the relay (after publishing,
 //! before marking) and of the consumer (after committing, before acking), with the
-//! broker duplicating, dropping and delaying deliveries.
+//! broker refusing single publishes and duplicating, dropping and delaying deliveries.
 //!
 //! For every generated history it checks the four promises:
 //! nothing committed is lost, nothing rolled back is published, each key's messages are
@@ -38,6 +38,9 @@ struct History {
     txns: Vec<Txn>,
     /// For each relay incarnation: crash after this many publishes (None: no crash).
     relay_crashes: Vec<Option<usize>>,
+    /// For each relay round: this publish attempt (counted from 0) is refused by the
+    /// broker, so that message is retried while others of its key wait (None: no refusal).
+    refusals: Vec<Option<usize>>,
     /// For each delivery in turn: does the consumer die after its commit, before its ack?
     consumer_crashes: Vec<bool>,
     duplicate: f64,
@@ -56,6 +59,7 @@ fn history() -> impl Strategy<Value = History> {
     (
         prop::collection::vec(txn, 1..16),
         prop::collection::vec(prop::option::weighted(0.6, 0usize..6), 1..6),
+        prop::collection::vec(prop::option::weighted(0.5, 0usize..8), 1..6),
         prop::collection::vec(prop::bool::weighted(0.15), 1..12),
         0.0..0.3f64,
         0.0..0.1f64,
@@ -63,29 +67,39 @@ fn history() -> impl Strategy<Value = History> {
         any::<u64>(),
     )
         .prop_map(
-            |(txns, relay_crashes, consumer_crashes, duplicate, drop, delay, seed)| History {
-                txns,
-                relay_crashes,
-                consumer_crashes,
-                duplicate,
-                drop,
-                delay,
-                seed,
+            |(txns, relay_crashes, refusals, consumer_crashes, duplicate, drop, delay, seed)| {
+                History {
+                    txns,
+                    relay_crashes,
+                    refusals,
+                    consumer_crashes,
+                    duplicate,
+                    drop,
+                    delay,
+                    seed,
+                }
             },
         )
 }
 
-/// Publishes through the broker, but after `crash_after` publishes signals a crash and
-/// hangs, so the round is dropped before it settles.
+/// Publishes through the broker, but refuses the `refuse`th attempt with a transient
+/// error, and after `crash_after` publishes signals a crash and hangs, so the round is
+/// dropped before it settles.
 struct CrashAfter<P> {
     inner: P,
     crash_after: Option<usize>,
+    refuse: Option<usize>,
+    attempts: AtomicUsize,
     published: AtomicUsize,
     crashed: Arc<Notify>,
 }
 
 impl<P: Publisher> Publisher for CrashAfter<P> {
     async fn publish(&self, message: &Message) -> Result<()> {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.refuse == Some(attempt) {
+            return Err(Error::transport_transient("refused by the test"));
+        }
         self.inner.publish(message).await?;
         let n = self.published.fetch_add(1, Ordering::SeqCst) + 1;
         if self.crash_after.is_some_and(|limit| n > limit) {
@@ -180,6 +194,11 @@ async fn run_history(history: History) -> std::result::Result<(), TestCaseError>
         .iter()
         .copied()
         .chain(std::iter::repeat(None));
+    let mut refusals = history
+        .refusals
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(None));
     let mut consumer_crashes = history.consumer_crashes.iter().copied().cycle();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -188,6 +207,8 @@ async fn run_history(history: History) -> std::result::Result<(), TestCaseError>
         let publisher = CrashAfter {
             inner: broker.publisher(),
             crash_after: relay_crashes.next().flatten(),
+            refuse: refusals.next().flatten(),
+            attempts: AtomicUsize::new(0),
             published: AtomicUsize::new(0),
             crashed: Arc::clone(&crashed),
         };

@@ -1,6 +1,6 @@
 //! Store traits of the consumer side: transactional inbox, durable inbox, dedup store.
 //!
-//! The outbox side is a [`SpoolStore`](crate::spool::SpoolStore) plus an `enqueue`
+//! The outbox side is a [`SpoolStore`] plus an `enqueue`
 //! method that each backend defines on its own connection type, because it joins the
 //! caller's transaction.
 

@@ -42,6 +42,10 @@ impl SqliteStore {
     /// # Errors
     ///
     /// A store error if the file cannot be opened or created.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the call closes what it opened (the file may exist by then).
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self> {
         Self::connect_with(
             Self::default_connect_options(path),
@@ -71,6 +75,10 @@ impl SqliteStore {
     /// # Errors
     ///
     /// A store error if no connection can be opened.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the call closes what it opened (the file may exist by then).
     pub async fn connect_with(
         options: SqliteConnectOptions,
         pool: PoolOptions<Sqlite>,
@@ -101,6 +109,11 @@ impl SqliteStore {
     ///
     /// A store error if a migration fails or the recorded migrations do not match the
     /// embedded ones.
+    ///
+    /// # Cancel safety
+    ///
+    /// Each migration runs in a transaction: a dropped call leaves the schema at the last
+    /// complete version, and the next call goes on from there.
     pub async fn migrate(&self) -> Result<()> {
         crate::migrator()
             .run(&self.pool)

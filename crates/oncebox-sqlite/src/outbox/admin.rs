@@ -84,6 +84,10 @@ impl SqliteOutbox {
     /// # Errors
     ///
     /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
         let oldest: Option<i64> = sqlx::query_scalar(sql::OLDEST_PENDING)
             .fetch_optional(self.pool())
@@ -117,6 +121,10 @@ impl SqliteOutbox {
     /// [`RowDecodeError`](crate::RowDecodeError) source naming the row if a dead row
     /// cannot be decoded (written by something other than oncebox: fix or delete it
     /// with SQL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
         let rows = sqlx::query(sql::DEAD_LETTERS)
             .bind(sql_limit(limit))
@@ -142,6 +150,10 @@ impl SqliteOutbox {
     /// # Errors
     ///
     /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one statement, applied entirely or not at all.
     pub async fn replay_dead(&self, id: MessageId) -> Result<bool> {
         let result = sqlx::query(sql::REPLAY_DEAD)
             .bind(id.to_string())
@@ -163,6 +175,10 @@ impl SqliteOutbox {
     ///
     /// A store error; a permanent one with a [`RowDecodeError`](crate::RowDecodeError)
     /// source if the row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     pub async fn status(&self, id: MessageId) -> Result<Option<RowState>> {
         let row = sqlx::query(sql::STATUS)
             .bind(id.to_string())

@@ -100,6 +100,85 @@ mod tests {
             .collect()
     }
 
+    async fn store() -> (SqliteStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::connect(dir.path().join("claim.db"))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        (store, dir)
+    }
+
+    /// Runs the lease step alone with `candidates`, as if they had been read earlier.
+    async fn lease(store: &SqliteStore, candidates: &str) -> Vec<i64> {
+        let now = oncebox_core::time::to_unix_millis(std::time::SystemTime::now());
+        let mut seqs: Vec<i64> = sqlx::query(SPOOL.claim)
+            .bind(now)
+            .bind(now + 60_000)
+            .bind(oncebox_core::spool::LeaseToken::new().to_string())
+            .bind(candidates)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<i64, _>("seq"))
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
+    async fn insert(store: &SqliteStore, key: &str, status: &str) -> i64 {
+        let id = oncebox_core::MessageId::new().to_string();
+        sqlx::query(
+            "INSERT INTO oncebox_outbox (id, topic, key, payload, created_at, available_at, status)
+             VALUES (?1, 't', ?2, x'', 0, 0, ?3) RETURNING seq",
+        )
+        .bind(id)
+        .bind(key.to_owned())
+        .bind(status.to_owned())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+        .get("seq")
+    }
+
+    /// Candidates read before another claim leased an earlier row of their key are not
+    /// leased: the key would be held by two claims.
+    #[tokio::test]
+    async fn lease_step_skips_keys_leased_since_the_candidates_were_read() {
+        let (store, _dir) = store().await;
+        let k1 = insert(&store, "k", "pending").await;
+        let k2 = insert(&store, "k", "pending").await;
+        let other = insert(&store, "j", "pending").await;
+        let stale = format!("[{k1},{k2},{other}]");
+        assert_eq!(
+            lease(&store, &format!("[{k1}]")).await,
+            [k1],
+            "another claim takes k1"
+        );
+        assert_eq!(
+            lease(&store, &stale).await,
+            [other],
+            "k2 waits for k1; j goes"
+        );
+    }
+
+    /// A row that became pending again (a replayed dead letter) after the candidates
+    /// were read blocks the later candidates of its key.
+    #[tokio::test]
+    async fn lease_step_keeps_keys_a_prefix_when_an_earlier_row_reappears() {
+        let (store, _dir) = store().await;
+        let k1 = insert(&store, "k", "dead").await;
+        let k2 = insert(&store, "k", "pending").await;
+        sqlx::query("UPDATE oncebox_outbox SET status = 'pending' WHERE seq = ?1")
+            .bind(k1)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert!(lease(&store, &format!("[{k2}]")).await.is_empty());
+        assert_eq!(lease(&store, &format!("[{k1},{k2}]")).await, [k1, k2]);
+    }
+
     /// The claim and the settlements walk indexes, never the table, and never sort.
     #[tokio::test]
     async fn spool_statements_are_index_driven() {
