@@ -72,6 +72,8 @@
 //! |---|---|---|
 //! | (always) | `oncebox-core` | model, traits, engines, in-memory dedup store and broker |
 //! | `sqlite` (default) | `oncebox-sqlite` | outbox, inbox, durable inbox and dedup stores on SQLite |
+//! | `redis` | `oncebox-redis` | the idempotent receiver's dedup store on Redis |
+//! | `http` | `oncebox-http` | the Idempotency-Key tower layer over any dedup store |
 //!
 //! PostgreSQL, MySQL, Redis and the broker transports (NATS JetStream, RabbitMQ, Kafka,
 //! Redis Streams) come as crates of their own, so a build compiles only what it uses.
@@ -86,6 +88,19 @@ pub use oncebox_core::*;
 /// SQLite stores, the embedded default (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite as sqlite;
+
+/// PostgreSQL stores: outbox with LISTEN/NOTIFY wake-ups, inboxes, dedup store (feature
+/// `postgres`).
+#[cfg(feature = "postgres")]
+pub use oncebox_postgres as postgres;
+
+/// The Redis dedup store (feature `redis`).
+#[cfg(feature = "redis")]
+pub use oncebox_redis as redis;
+
+/// The Idempotency-Key layer for HTTP APIs (feature `http`).
+#[cfg(feature = "http")]
+pub use oncebox_http as http;
 
 /// Long-form documentation.
 pub mod guide {

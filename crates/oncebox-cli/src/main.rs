@@ -3,7 +3,11 @@
 //! `oncebox demo` runs an order → payment system on the embedded default (SQLite and the
 //! in-process broker) under injected crashes, duplicates, delays and a broker outage,
 //! and ends with an audit of every order's charges.
+//!
+//! `oncebox bench` measures the engines against baselines doing the same work without
+//! them (`relay`, `latency`, `consumer`).
 
+mod bench;
 mod demo;
 
 use std::path::PathBuf;
@@ -23,6 +27,8 @@ struct Cli {
 enum Command {
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
+    /// Benchmark the relay, its latency and the inbox against baselines without them.
+    Bench(bench::BenchArgs),
 }
 
 /// Flags of `oncebox demo`.
@@ -72,6 +78,7 @@ fn main() -> ExitCode {
                 };
                 demo::run(config).await
             }
+            Command::Bench(args) => bench::run(args).await,
         }
     });
     match result {

@@ -13,7 +13,7 @@
 //! | [`spool::SpoolStore`], [`store::InboxStore`], [`store::DurableInboxStore`], [`store::DedupStore`] | the store traits |
 //! | [`spool::Spool`] / [`spool::Relay`] | claim → dispatch → settle: the outbox relay and the durable inbox processor |
 //! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
-//! | [`memory`] | an exact in-memory dedup store and an in-process broker with fault injection |
+//! | [`memory`] | an exact in-memory dedup store, a layered store (an in-memory window of completed results in front of any dedup store) and an in-process broker with fault injection |
 //!
 //! Async traits are native (`impl Future + Send` in trait methods), so the engines are
 //! generic and monomorphised; the CLI boxes concrete backends once at its edge.

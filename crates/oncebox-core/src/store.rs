@@ -55,6 +55,8 @@ pub enum Recorded {
 ///   gets [`Recorded::New`] and commits; the others wait for it and then see
 ///   [`Recorded::Duplicate`] (or `New`, if it rolled back).
 /// - `store_result` keeps the handler's result with the record, in the same transaction.
+///   The engine skips it for an empty result, so a record without a stored result must
+///   read back as an empty result.
 /// - `purge` deletes records processed before `before`, at most `limit` per call.
 pub trait InboxStore: Transactional {
     /// Records that `consumer` processes `id`, inside `tx`.

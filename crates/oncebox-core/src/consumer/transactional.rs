@@ -60,9 +60,12 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
             return Ok((Outcome::Duplicate, result));
         }
         let result = self.handler.handle(received, &mut tx).await?;
-        self.store
-            .store_result(&mut tx, consumer, &id, &result)
-            .await?;
+        // A record without a stored result reads back as empty: save the round trip.
+        if !result.is_empty() {
+            self.store
+                .store_result(&mut tx, consumer, &id, &result)
+                .await?;
+        }
         self.store.commit(tx).await?;
         Ok((Outcome::Handled, result))
     }

@@ -1,10 +1,10 @@
 //! An exact in-memory dedup store.
 
-use std::collections::hash_map::{Entry, RandomState};
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,9 +36,10 @@ pub struct MemoryDedupStore {
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<String, Slot>,
+    /// Keys are shared with `order`: one allocation per inserted id.
+    entries: HashMap<Arc<str>, Slot>,
     /// Insertion order, for oldest-first eviction; stale pairs are skipped.
-    order: VecDeque<(String, u64)>,
+    order: VecDeque<(Arc<str>, u64)>,
 }
 
 struct Slot {
@@ -111,28 +112,28 @@ impl MemoryDedupStore {
     fn begin_sync(&self, id: &str, lease: Duration) -> Result<Begin> {
         self.check_up()?;
         let now = Instant::now();
+        let mut shard = self.shard(id);
+        // A held id (the duplicate's path) is answered without allocating.
+        if let Some(held) = shard.entries.get(id).filter(|s| s.state.until() > now) {
+            return Ok(match &held.state {
+                State::InProgress { until, .. } => Begin::InProgress {
+                    retry_after: *until - now,
+                },
+                State::Completed { result, .. } => Begin::Completed(result.clone()),
+            });
+        }
         let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
         let generation = token.0;
         let state = State::InProgress {
             token,
             until: now + lease,
         };
-        let mut shard = self.shard(id);
-        match shard.entries.entry(id.to_owned()) {
-            Entry::Occupied(mut held) if held.get().state.until() > now => {
-                return Ok(match &held.get_mut().state {
-                    State::InProgress { until, .. } => Begin::InProgress {
-                        retry_after: *until - now,
-                    },
-                    State::Completed { result, .. } => Begin::Completed(result.clone()),
-                });
-            }
-            Entry::Occupied(mut expired) => *expired.get_mut() = Slot { generation, state },
-            Entry::Vacant(free) => {
-                free.insert(Slot { generation, state });
-            }
-        }
-        shard.order.push_back((id.to_owned(), generation));
+        let key: Arc<str> = Arc::from(id);
+        // Absent or expired: (re)placed, with a new generation.
+        shard
+            .entries
+            .insert(Arc::clone(&key), Slot { generation, state });
+        shard.order.push_back((key, generation));
         let evicted = shard.shrink(self.shard_capacity, now);
         if evicted > 0 {
             self.evictions.fetch_add(evicted, Ordering::Relaxed);
@@ -179,16 +180,16 @@ impl Shard {
         while let Some((id, generation)) = self.order.front() {
             let current = self
                 .entries
-                .get(id)
+                .get(&**id)
                 .filter(|slot| slot.generation == *generation);
             match current {
                 // Stale pair: the id was removed or re-inserted since.
                 None => {}
                 Some(slot) if slot.state.until() <= now => {
-                    self.entries.remove(id);
+                    self.entries.remove(&**id);
                 }
                 Some(_) if self.entries.len() > capacity => {
-                    self.entries.remove(id);
+                    self.entries.remove(&**id);
                     evicted += 1;
                 }
                 Some(_) => break,
@@ -199,7 +200,7 @@ impl Shard {
         if self.order.len() > 2 * capacity + 16 {
             let entries = &self.entries;
             self.order
-                .retain(|(id, g)| entries.get(id).is_some_and(|s| s.generation == *g));
+                .retain(|(id, g)| entries.get(&**id).is_some_and(|s| s.generation == *g));
         }
         evicted
     }

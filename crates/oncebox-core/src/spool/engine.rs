@@ -100,19 +100,88 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// Not cancel safe in the sense of losing nothing *of the round*: rows claimed by a
     /// cancelled round stay leased until the lease ends and are then delivered again.
     pub async fn run_once(&self) -> Result<BatchReport> {
+        let (token, batch) = self.claim_after(None).await?;
+        if batch.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        let delivered = self.dispatch(token, batch).await;
+        self.finish(delivered).await
+    }
+
+    /// Runs claim → dispatch → settle rounds until a claim finds nothing due; returns
+    /// the rounds' summed report. Each batch is settled in the same store call as the
+    /// next claim ([`SpoolStore::settle_and_claim`]), so a store that runs both in one
+    /// transaction commits once per batch.
+    ///
+    /// # Errors
+    ///
+    /// A store error from a claim or a settlement; the rounds before it are settled (if
+    /// only the claim failed, the last batch is settled on its own before the error
+    /// returns).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run_once`](Self::run_once): rows of a cancelled round stay leased until the
+    /// lease ends and are then delivered again.
+    pub async fn drain(&self) -> Result<BatchReport> {
+        let mut total = BatchReport::default();
+        let mut pending = None;
+        loop {
+            let (token, batch) = self.claim_after(pending.take()).await?;
+            if batch.is_empty() {
+                return Ok(total);
+            }
+            let delivered = self.dispatch(token, batch).await;
+            total.add(&delivered.report);
+            pending = Some(delivered);
+        }
+    }
+
+    /// Claims a batch; with `pending`, settles it in the same store call first.
+    ///
+    /// If that call fails, the settlements are retried on their own (settling twice is
+    /// harmless), so that a failed claim does not make the delivered rows wait for their
+    /// lease to end; the claim's error is returned either way.
+    async fn claim_after(
+        &self,
+        pending: Option<Delivered>,
+    ) -> Result<(LeaseToken, Vec<Claimed<S::Item>>)> {
         let request = ClaimRequest {
             token: LeaseToken::new(),
             limit: self.options.batch_size,
             lease: self.options.lease,
         };
-        let batch = self.store.claim(&request).await?;
+        let Some(pending) = pending else {
+            let batch = self.store.claim(&request).await?;
+            return Ok((request.token, batch));
+        };
+        match self
+            .store
+            .settle_and_claim(pending.token, &pending.settlements, &request)
+            .await
+        {
+            Ok(batch) => {
+                self.record_metrics(&pending.report);
+                Ok((request.token, batch))
+            }
+            Err(error) => {
+                if self.finish(pending).await.is_err() {
+                    tracing::debug!(
+                        spool = %self.options.name,
+                        "settling on its own after a failed settle-and-claim failed too"
+                    );
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Delivers a claimed batch: concurrently across keys, in order within a key.
+    async fn dispatch(&self, token: LeaseToken, batch: Vec<Claimed<S::Item>>) -> Delivered {
         let mut report = BatchReport {
             claimed: batch.len(),
             ..BatchReport::default()
         };
-        if batch.is_empty() {
-            return Ok(report);
-        }
         let settlements: Vec<Settlement> = stream::iter(group_by_key(batch))
             .map(|rows| self.dispatch_key(rows))
             .buffer_unordered(self.options.concurrency)
@@ -127,9 +196,20 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 Settle::Dead { .. } => report.dead += 1,
             }
         }
-        self.store.settle(request.token, &settlements).await?;
-        self.record_metrics(&report);
-        Ok(report)
+        Delivered {
+            token,
+            settlements,
+            report,
+        }
+    }
+
+    /// Settles a delivered batch on its own.
+    async fn finish(&self, delivered: Delivered) -> Result<BatchReport> {
+        self.store
+            .settle(delivered.token, &delivered.settlements)
+            .await?;
+        self.record_metrics(&delivered.report);
+        Ok(delivered.report)
     }
 
     /// Delivers the claimed rows of one key in order; after a failure that will be
@@ -252,16 +332,28 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         Ok(())
     }
 
+    /// Claims and delivers until stopped. A full batch is settled together with the next
+    /// claim ([`SpoolStore::settle_and_claim`]), as the loop goes on at once; any other
+    /// batch is settled before the loop waits, and the last one before it returns.
     async fn claim_loop(&self, mut stopped: watch::Receiver<bool>) {
         let mut idle = self.options.min_poll;
+        let mut pending: Option<Delivered> = None;
         while !*stopped.borrow() {
-            match self.run_once().await {
-                Ok(report) if report.claimed >= self.options.batch_size => {
+            match self.claim_after(pending.take()).await {
+                Ok((_, batch)) if batch.is_empty() => idle = (idle * 2).min(self.options.max_poll),
+                Ok((token, batch)) => {
+                    let full = batch.len() >= self.options.batch_size;
+                    let delivered = self.dispatch(token, batch).await;
                     idle = self.options.min_poll;
-                    continue;
+                    if full {
+                        pending = Some(delivered);
+                        continue;
+                    }
+                    if let Err(error) = self.finish(delivered).await {
+                        tracing::warn!(spool = %self.options.name, %error, "settling a batch failed");
+                        idle = self.options.max_poll;
+                    }
                 }
-                Ok(report) if report.claimed > 0 => idle = self.options.min_poll,
-                Ok(_) => idle = (idle * 2).min(self.options.max_poll),
                 Err(error) => {
                     tracing::warn!(spool = %self.options.name, %error, "claim round failed");
                     idle = self.options.max_poll;
@@ -271,6 +363,11 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 _ = stopped.changed() => {}
                 () = self.store.wait_for_work(idle) => {}
             }
+        }
+        if let Some(delivered) = pending
+            && let Err(error) = self.finish(delivered).await
+        {
+            tracing::warn!(spool = %self.options.name, %error, "settling the last batch failed");
         }
     }
 
@@ -291,6 +388,23 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             }
         }
     }
+}
+
+impl BatchReport {
+    fn add(&mut self, other: &Self) {
+        self.claimed += other.claimed;
+        self.done += other.done;
+        self.retried += other.retried;
+        self.released += other.released;
+        self.dead += other.dead;
+    }
+}
+
+/// A delivered batch, not settled yet.
+struct Delivered {
+    token: LeaseToken,
+    settlements: Vec<Settlement>,
+    report: BatchReport,
 }
 
 /// Splits a batch (in `seq` order) into per-key runs, keeping order within each run.

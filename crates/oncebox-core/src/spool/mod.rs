@@ -9,7 +9,9 @@
 //!    spools.
 //! 2. **Dispatch** concurrently across keys and in order within a key ([`Sink`]).
 //! 3. **Settle** the whole batch in one call: done, retry later with backoff, released
-//!    (an earlier row of the key failed), or dead after the attempt limit.
+//!    (an earlier row of the key failed), or dead after the attempt limit. After a full
+//!    batch the spool goes on at once, and settles it in the same call as the next claim
+//!    ([`SpoolStore::settle_and_claim`]: one transaction where the store allows).
 //!
 //! Retention cleanup runs beside the loop in bounded batches. A spool that dies leaves
 //! its rows leased until the lease ends, then another takes them over; rows it had

@@ -153,6 +153,8 @@ pub struct Settlement {
 ///   delivered or dead. Each key's claimed rows form a prefix of its pending rows.
 /// - **Settle** applies only to rows still leased to `token`; others are left alone
 ///   (their lease expired and another claim may own them).
+/// - **Settle and claim** is settle, then claim (the claim sees the settlements), which a
+///   store may do in one transaction.
 /// - **Purge** deletes done rows settled before `before`, at most `limit` per call, and
 ///   never touches pending or dead rows.
 /// - All methods may be called concurrently, from several processes.
@@ -189,6 +191,39 @@ pub trait SpoolStore: Send + Sync {
         settlements: &[Settlement],
     ) -> impl Future<Output = Result<()>> + Send;
 
+    /// Records the outcomes of an earlier claim, then claims: the same as
+    /// [`settle`](Self::settle)`(token, settlements)` followed, if it succeeded, by
+    /// [`claim`](Self::claim)`(request)`, so the claim sees the settlements (a key whose
+    /// rows were settled done may be claimed further; a row settled for retry blocks its
+    /// key again). The spool engine calls it between full batches, when it has a batch to
+    /// settle and wants the next one at once.
+    ///
+    /// The default does exactly that, in two calls. A store may instead run both in one
+    /// transaction (one commit per batch instead of two); the result must be the same as
+    /// the two calls'.
+    ///
+    /// # Errors
+    ///
+    /// A store error; nothing is claimed then. The settlements may have been applied (all
+    /// of them) or not (none): settling them again is harmless, as settlements apply only
+    /// to rows still leased to `token` and the first settlement ends that lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Either all settlements apply or none do; rows claimed by a dropped call stay leased
+    /// until the lease expires.
+    fn settle_and_claim(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send {
+        async move {
+            self.settle(token, settlements).await?;
+            self.claim(request).await
+        }
+    }
+
     /// Deletes at most `limit` done rows settled before `before`; returns how many.
     ///
     /// # Errors
@@ -224,6 +259,15 @@ impl<S: SpoolStore> SpoolStore for std::sync::Arc<S> {
         settlements: &[Settlement],
     ) -> impl Future<Output = Result<()>> + Send {
         (**self).settle(token, settlements)
+    }
+
+    fn settle_and_claim(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send {
+        (**self).settle_and_claim(token, settlements, request)
     }
 
     fn purge(&self, before: SystemTime, limit: usize) -> impl Future<Output = Result<u64>> + Send {

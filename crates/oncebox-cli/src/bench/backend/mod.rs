@@ -1,0 +1,69 @@
+//! The stores a benchmark runs on, behind one trait so that each benchmark is written
+//! once.
+//!
+//! A backend owns an isolated place (a new SQLite file, a new PostgreSQL schema) and
+//! removes it in [`Backend::close`]. Besides handing out the engine's stores, it does the
+//! baseline's work in plain SQL: the claim-and-delete statement of the raw relay loop,
+//! and the bulk fill of the outbox.
+
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
+use std::future::Future;
+
+use oncebox::Message;
+use oncebox::consumer::TxHandler;
+use oncebox::spool::SpoolStore;
+use oncebox::store::{InboxStore, Transactional};
+
+/// Transaction type of a backend's inbox.
+pub(crate) type InboxTx<B> = <<B as Backend>::Inbox as Transactional>::Tx;
+
+/// A store to benchmark, in a place of its own.
+pub(crate) trait Backend: Send + Sync + Sized {
+    /// The outbox as the relay sees it.
+    type Outbox: SpoolStore<Item = Message> + Clone + Send + Sync + 'static;
+    /// The transactional inbox.
+    type Inbox: InboxStore + Clone + Send + Sync + 'static;
+    /// The consumer benchmark's handler: inserts one effect row in the transaction.
+    type Effect: TxHandler<InboxTx<Self>> + Send + Sync + 'static;
+
+    /// The outbox the relay drains. Where the store can, published rows are deleted at
+    /// once (as the baseline does); `notify` turns on the store's commit notification.
+    fn outbox(&self, notify: bool) -> Self::Outbox;
+
+    /// Empties the outbox table, so that every run starts from the same state.
+    fn reset_outbox(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Adds `messages` pending, valid rows spread over `keys` keys to the outbox, as
+    /// fast as the store allows (not timed), and refreshes the table's statistics.
+    fn prefill(&self, messages: u64, keys: u32) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The baseline relay's whole step: one statement that takes the first `limit`
+    /// pending rows off the table and returns them, in `seq` order.
+    fn take_batch(&self, limit: u32) -> impl Future<Output = anyhow::Result<Vec<Message>>> + Send;
+
+    /// A producer's transaction: enqueues `message` through `outbox` and commits; with
+    /// `notify`, wakes the relay as the store allows.
+    fn commit_one(
+        &self,
+        outbox: &Self::Outbox,
+        message: &Message,
+        notify: bool,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The transactional inbox.
+    fn inbox(&self) -> Self::Inbox;
+
+    /// The consumer benchmark's handler.
+    fn effect(&self) -> Self::Effect;
+
+    /// Empties the inbox records and the effect table.
+    fn reset_consumer(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Rows in the effect table.
+    fn count_effects(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
+
+    /// Removes everything the backend created.
+    fn close(self) -> impl Future<Output = anyhow::Result<()>> + Send;
+}

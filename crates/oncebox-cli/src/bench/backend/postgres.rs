@@ -1,0 +1,288 @@
+//! The PostgreSQL backend: a new schema, dropped at the end.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use oncebox::consumer::TxHandler;
+use oncebox::postgres::{PgInbox, PgOutbox, PgStore};
+use oncebox::{Bytes, Error, Headers, Message, MessageId, Received, Result};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+
+use super::Backend;
+use crate::bench::workload;
+
+/// Oncebox's tables in a schema of their own (`bench_<random>`), plus the consumer
+/// benchmark's effect table; the schema is dropped by [`Backend::close`].
+pub(crate) struct PgBench {
+    store: PgStore,
+    /// The outbox table, qualified.
+    outbox_table: String,
+    /// The inbox table, qualified.
+    inbox_table: String,
+    /// The effect table, qualified.
+    effects_table: String,
+    /// Fills the outbox: `$1` count, `$2` keys, `$3` topic, `$4` kind, `$5` payload.
+    fill: String,
+    /// The baseline relay's statement: `$1` limit; its commit does not wait for the WAL
+    /// flush, as the relay's bookkeeping does not.
+    take_batch: String,
+    /// The effect handler's insert.
+    insert_effect: Arc<str>,
+}
+
+impl PgBench {
+    /// Connects to `url` and creates oncebox's tables in a new schema.
+    pub(crate) async fn open(url: &str) -> anyhow::Result<Self> {
+        let store = PgStore::connect(url)
+            .await
+            .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
+        let schema = format!("bench_{:016x}", fastrand::u64(..));
+        let store = store.with_schema(&schema)?;
+        let outbox_table = store.outbox().table().to_owned();
+        let quoted = format!("\"{schema}\"");
+        let effects_table = format!("{quoted}.bench_effects");
+        let bench = Self {
+            fill: format!(
+                "INSERT INTO {outbox_table} (id, topic, key, kind, headers, payload, created_at)
+SELECT gen_random_uuid(), $3, format('key-%s', lpad(m::text, greatest(5, length(m::text)), '0')),
+       $4, '{{}}'::jsonb, $5, statement_timestamp()
+FROM generate_series(0::bigint, $1::bigint - 1) AS n, LATERAL (SELECT n % $2::bigint AS m) AS k
+ORDER BY n"
+            ),
+            // Like the relay's claims and settlements, the baseline's commit does not wait
+            // for the WAL flush (`synchronous_commit` off for its transaction only), so
+            // that the comparison stays like for like.
+            take_batch: format!(
+                "WITH cfg AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+DELETE FROM {outbox_table} WHERE seq IN (
+  SELECT seq FROM {outbox_table} WHERE status = 'pending' ORDER BY seq LIMIT $1
+  FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT FROM cfg)
+RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS headers, payload,
+          (extract(epoch FROM created_at) * 1000000)::bigint AS created_at"
+            ),
+            insert_effect: format!(
+                "INSERT INTO {effects_table} (message_id, key, payload) VALUES ($1, $2, $3)"
+            )
+            .into(),
+            inbox_table: format!("{quoted}.inbox"),
+            effects_table,
+            outbox_table,
+            store,
+        };
+        if let Err(error) = bench.create().await {
+            if let Err(cleanup) = bench.close().await {
+                eprintln!("oncebox bench: dropping the schema failed too: {cleanup:#}");
+            }
+            return Err(error);
+        }
+        Ok(bench)
+    }
+
+    async fn create(&self) -> anyhow::Result<()> {
+        self.store
+            .migrate()
+            .await
+            .context("migrating the oncebox tables")?;
+        self.execute(&format!(
+            "CREATE TABLE {} (
+                seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                message_id text NOT NULL,
+                key        text,
+                payload    bytea NOT NULL
+            )",
+            self.effects_table
+        ))
+        .await
+        .context("creating the effect table")
+    }
+
+    /// Runs statements with the simple protocol (so that `VACUUM` works too).
+    async fn execute(&self, sql: &str) -> anyhow::Result<()> {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(self.store.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+impl Backend for PgBench {
+    type Outbox = PgOutbox;
+    type Inbox = PgInbox;
+    type Effect = PgEffect;
+
+    fn outbox(&self, notify: bool) -> PgOutbox {
+        self.store
+            .outbox()
+            .delete_on_publish(true)
+            .with_notify(notify)
+    }
+
+    async fn reset_outbox(&self) -> anyhow::Result<()> {
+        self.execute(&format!("TRUNCATE {}", self.outbox_table))
+            .await
+            .context("emptying the outbox")
+    }
+
+    async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()> {
+        sqlx::query(AssertSqlSafe(self.fill.clone()))
+            .bind(i64::try_from(messages)?)
+            .bind(i64::from(keys))
+            .bind(workload::TOPIC)
+            .bind(workload::KIND)
+            .bind(workload::payload())
+            .execute(self.store.pool())
+            .await
+            .context("filling the outbox")?;
+        // Every run starts from the same state: statistics and visibility map fresh, and
+        // (where allowed) no checkpoint debt left to the timed part.
+        self.execute(&format!("VACUUM (ANALYZE) {}", self.outbox_table))
+            .await
+            .context("vacuuming the outbox")?;
+        if let Err(error) = self.execute("CHECKPOINT").await {
+            tracing::debug!(%error, "CHECKPOINT refused; runs may differ a little more");
+        }
+        Ok(())
+    }
+
+    async fn take_batch(&self, limit: u32) -> anyhow::Result<Vec<Message>> {
+        let rows = sqlx::query(AssertSqlSafe(self.take_batch.clone()))
+            .bind(i64::from(limit))
+            .fetch_all(self.store.pool())
+            .await
+            .context("claiming a batch")?;
+        let mut batch = rows
+            .iter()
+            .map(|row| Ok((row.try_get::<i64, _>("seq")?, decode(row)?)))
+            .collect::<anyhow::Result<Vec<(i64, Message)>>>()?;
+        batch.sort_unstable_by_key(|(seq, _)| *seq);
+        Ok(batch.into_iter().map(|(_, message)| message).collect())
+    }
+
+    async fn commit_one(
+        &self,
+        outbox: &PgOutbox,
+        message: &Message,
+        _notify: bool,
+    ) -> anyhow::Result<()> {
+        // With notify, the outbox itself adds `NOTIFY` to the transaction.
+        let mut tx = self.store.pool().begin().await?;
+        outbox.enqueue(&mut tx, message).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    fn inbox(&self) -> PgInbox {
+        self.store.inbox()
+    }
+
+    fn effect(&self) -> PgEffect {
+        PgEffect {
+            insert: Arc::clone(&self.insert_effect),
+        }
+    }
+
+    async fn reset_consumer(&self) -> anyhow::Result<()> {
+        self.execute(&format!(
+            "TRUNCATE {}, {}",
+            self.inbox_table, self.effects_table
+        ))
+        .await
+        .context("emptying the inbox")
+    }
+
+    async fn count_effects(&self) -> anyhow::Result<u64> {
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}",
+            self.effects_table
+        )))
+        .fetch_one(self.store.pool())
+        .await?;
+        Ok(u64::try_from(count)?)
+    }
+
+    async fn close(self) -> anyhow::Result<()> {
+        let schema = self.store.schema().to_owned();
+        // Rolled-back work of an interrupted run may still hold locks for a moment.
+        let dropped = self
+            .execute(&format!(
+                "SET lock_timeout = '30s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+            ))
+            .await
+            .with_context(|| format!("dropping schema {schema}"));
+        self.store.pool().close().await;
+        dropped
+    }
+}
+
+/// Decodes a row returned by the baseline's statement, as the relay's claim does.
+fn decode(row: &sqlx::postgres::PgRow) -> anyhow::Result<Message> {
+    let id: String = row.try_get("id")?;
+    let headers: String = row.try_get("headers")?;
+    let payload: Vec<u8> = row.try_get("payload")?;
+    let created_us: i64 = row.try_get("created_at")?;
+    let created_at = std::time::UNIX_EPOCH
+        + std::time::Duration::from_micros(u64::try_from(created_us).unwrap_or(0));
+    Ok(Message {
+        id: MessageId::parse(&id)?,
+        topic: row.try_get("topic")?,
+        key: row.try_get("key")?,
+        kind: row.try_get("kind")?,
+        headers: Headers::from_json(&headers)?,
+        payload: payload.into(),
+        created_at,
+    })
+}
+
+/// The consumer benchmark's handler on PostgreSQL: one effect row per message.
+pub(crate) struct PgEffect {
+    insert: Arc<str>,
+}
+
+impl TxHandler<Transaction<'static, Postgres>> for PgEffect {
+    async fn handle(
+        &self,
+        message: &Received,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<Bytes> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.insert)))
+            .bind(message.id.map(|id| id.to_string()))
+            .bind(message.key.clone())
+            .bind(message.payload.to_vec())
+            .execute(&mut **tx)
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(Bytes::new())
+    }
+}
+
+/// `url` without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(
+            redact("postgres://postgres@127.0.0.1/postgres"),
+            "postgres://postgres@127.0.0.1/postgres"
+        );
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

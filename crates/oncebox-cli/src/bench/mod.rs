@@ -1,0 +1,231 @@
+//! `oncebox bench`: benchmarks of the engines, each measured against a baseline that does
+//! the same work without the engine, in the same run.
+//!
+//! - `bench relay`: drain a pre-filled outbox with the relay, against a plain loop of one
+//!   claim-and-delete statement per batch publishing to the same transport.
+//! - `bench latency`: commit-to-publish latency at a fixed rate, woken by notification
+//!   or by polling.
+//! - `bench consumer`: the transactional inbox against the same handler in a plain
+//!   transaction, through the same consumer lanes and broker.
+//!
+//! Every run isolates itself (a new SQLite file in a temporary directory, or a new
+//! PostgreSQL schema) and removes what it created at the end, on error and on Ctrl-C
+//! too. Baseline and engine runs alternate, and the best run of each side is reported, so
+//! that a noisy neighbour does not decide the ratio; every run is listed in the report.
+
+mod backend;
+mod consumer;
+mod dedup;
+mod http;
+mod latency;
+mod measure;
+mod probe;
+mod relay;
+mod report;
+mod workload;
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use backend::Backend;
+use report::Report;
+
+/// The PostgreSQL server used when neither `--database-url` nor `ONCEBOX_PG_URL` is set.
+const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Flags of `oncebox bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Relay throughput draining a pre-filled outbox, against a raw claim-and-delete loop.
+    Relay(RelayArgs),
+    /// Commit-to-publish latency at a fixed message rate.
+    Latency(LatencyArgs),
+    /// Transactional inbox throughput, against the same handler without deduplication.
+    Consumer(ConsumerArgs),
+    /// Requests/s through the Idempotency-Key layer, against the bare handler.
+    Http(http::HttpArgs),
+    /// Dedup store begin+complete cycles and duplicate checks per second.
+    Dedup(dedup::DedupArgs),
+}
+
+/// Where the outbox and inbox live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum StoreKind {
+    /// SQLite, in a new file in a temporary directory.
+    Sqlite,
+    /// PostgreSQL, in a new schema of the `--database-url` database.
+    Postgres,
+}
+
+/// The broker messages go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TransportKind {
+    /// The in-process broker.
+    Memory,
+}
+
+/// How the relay learns of new messages in `bench latency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Wake {
+    /// The producer wakes the relay at commit (PostgreSQL `NOTIFY`, or the in-process
+    /// wake-up for SQLite); the relay polls only once a second as a fallback.
+    Notify,
+    /// The relay polls with its default adaptive interval (10 ms to 1 s).
+    Poll,
+}
+
+/// Flags every benchmark takes.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct CommonArgs {
+    /// Where the outbox and inbox live.
+    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    pub(crate) store: StoreKind,
+    /// The broker messages go through.
+    #[arg(long, value_enum, default_value_t = TransportKind::Memory)]
+    pub(crate) transport: TransportKind,
+    /// PostgreSQL connection URL (the run works in a schema of its own and drops it).
+    /// Ignored for SQLite, which always uses a new temporary file.
+    #[arg(long, env = "ONCEBOX_PG_URL", default_value = DEFAULT_PG_URL, hide_env_values = true)]
+    pub(crate) database_url: String,
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Flags of `oncebox bench relay`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RelayArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    /// Messages in the backlog drained by each run.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub(crate) messages: u64,
+    /// Rows claimed per batch, by the relay and by the baseline loop alike.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) batch: u32,
+    /// Distinct ordering keys the messages are spread over.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) keys: u32,
+    /// Baseline/engine pairs to run; the best run of each side is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+}
+
+/// Flags of `oncebox bench latency`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LatencyArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    /// Messages committed per second (one per transaction, on an open-loop schedule).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) rate: u32,
+    /// Seconds measured, after one second of warm-up that is not.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub(crate) seconds: u32,
+    /// How the relay learns of new messages.
+    #[arg(long, value_enum, default_value_t = Wake::Notify)]
+    pub(crate) wake: Wake,
+    /// Most rows the relay claims at once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) batch: u32,
+}
+
+/// Flags of `oncebox bench consumer`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ConsumerArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    /// Messages consumed by each run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) messages: u64,
+    /// Concurrent consumer lanes (deliveries of one key share a lane).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) lanes: u32,
+    /// Distinct ordering keys the messages are spread over.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) keys: u32,
+    /// Baseline/engine pairs to run; the best run of each side is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+}
+
+impl BenchCommand {
+    fn common(&self) -> &CommonArgs {
+        match self {
+            Self::Relay(args) => &args.common,
+            Self::Latency(args) => &args.common,
+            Self::Consumer(args) => &args.common,
+            Self::Http(_) | Self::Dedup(_) => unreachable!("bench http and dedup run on their own"),
+        }
+    }
+}
+
+/// Runs the benchmark asked for and prints its report.
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    // `bench http` and `bench dedup` open their own stores (memory, Redis, PostgreSQL).
+    let args = match args.command {
+        BenchCommand::Http(http) => return http::run(http).await,
+        BenchCommand::Dedup(dedup) => return dedup::run(dedup).await,
+        command => BenchArgs { command },
+    };
+    let common = args.command.common().clone();
+    let report = match common.store {
+        StoreKind::Sqlite => {
+            let backend = backend::sqlite::SqliteBench::open().await?;
+            run_on(backend, &args.command).await?
+        }
+        StoreKind::Postgres => {
+            let backend = backend::postgres::PgBench::open(&common.database_url).await?;
+            run_on(backend, &args.command).await?
+        }
+    };
+    if common.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        report.print();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `command` on `backend`, then removes what the backend created, whether the run
+/// succeeded, failed or was interrupted with Ctrl-C.
+async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Result<Report> {
+    let body = async {
+        match command {
+            BenchCommand::Relay(args) => relay::run(&backend, args).await.map(Report::Relay),
+            BenchCommand::Latency(args) => latency::run(&backend, args).await.map(Report::Latency),
+            BenchCommand::Consumer(args) => {
+                consumer::run(&backend, args).await.map(Report::Consumer)
+            }
+            BenchCommand::Http(_) | BenchCommand::Dedup(_) => {
+                Err(anyhow::anyhow!("bench http and dedup run on their own"))
+            }
+        }
+    };
+    let result = tokio::select! {
+        result = body => result,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    let cleanup = backend.close().await;
+    match (result, cleanup) {
+        (Ok(report), Ok(())) => Ok(report),
+        (Err(error), Ok(())) => Err(error),
+        (Ok(_), Err(error)) => Err(error.context("cleaning up after the benchmark")),
+        (Err(error), Err(cleanup)) => {
+            eprintln!("oncebox bench: cleaning up after the failure failed too: {cleanup:#}");
+            Err(error)
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! What the benchmarks report: one JSON object (`--json`) or a short table.
+
+use serde::Serialize;
+
+use super::measure::Run;
+use super::{StoreKind, TransportKind, Wake};
+
+/// The report of any benchmark.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Report {
+    /// `bench relay`.
+    Relay(RelayReport),
+    /// `bench latency`.
+    Latency(LatencyReport),
+    /// `bench consumer`.
+    Consumer(ConsumerReport),
+}
+
+/// `bench relay`: engine and baseline throughput draining the same backlog.
+#[derive(Debug, Serialize)]
+pub(crate) struct RelayReport {
+    /// `"relay"`.
+    pub(crate) bench: &'static str,
+    /// The store.
+    pub(crate) store: StoreKind,
+    /// The transport.
+    pub(crate) transport: TransportKind,
+    /// Messages drained per run.
+    pub(crate) messages: u64,
+    /// Rows claimed per batch.
+    pub(crate) batch: u32,
+    /// Ordering keys.
+    pub(crate) keys: u32,
+    /// Best engine run.
+    pub(crate) msgs_per_s: f64,
+    /// Best baseline run.
+    pub(crate) baseline_msgs_per_s: f64,
+    /// `msgs_per_s / baseline_msgs_per_s`.
+    pub(crate) ratio: f64,
+    /// Every run, in the order they ran.
+    pub(crate) runs: Vec<Run>,
+}
+
+/// `bench latency`: commit-to-publish latency.
+#[derive(Debug, Serialize)]
+pub(crate) struct LatencyReport {
+    /// `"latency"`.
+    pub(crate) bench: &'static str,
+    /// The store.
+    pub(crate) store: StoreKind,
+    /// The transport.
+    pub(crate) transport: TransportKind,
+    /// How the relay was woken.
+    pub(crate) wake: Wake,
+    /// Messages per second asked for.
+    pub(crate) rate: u32,
+    /// Seconds measured (after the warm-up).
+    pub(crate) seconds: u32,
+    /// Messages measured.
+    pub(crate) messages: u64,
+    /// Commits per second the producer achieved (warm-up included).
+    pub(crate) achieved_rate: f64,
+    /// Median latency.
+    pub(crate) p50_ms: f64,
+    /// 99th percentile.
+    pub(crate) p99_ms: f64,
+    /// Largest latency.
+    pub(crate) max_ms: f64,
+    /// Mean latency.
+    pub(crate) mean_ms: f64,
+}
+
+/// `bench consumer`: transactional inbox and plain-transaction throughput.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConsumerReport {
+    /// `"consumer"`.
+    pub(crate) bench: &'static str,
+    /// The store.
+    pub(crate) store: StoreKind,
+    /// The transport.
+    pub(crate) transport: TransportKind,
+    /// Messages consumed per run.
+    pub(crate) messages: u64,
+    /// Consumer lanes.
+    pub(crate) lanes: u32,
+    /// Ordering keys.
+    pub(crate) keys: u32,
+    /// Best engine run.
+    pub(crate) msgs_per_s: f64,
+    /// Best baseline run.
+    pub(crate) baseline_msgs_per_s: f64,
+    /// `msgs_per_s / baseline_msgs_per_s`.
+    pub(crate) ratio: f64,
+    /// Deliveries that failed and were retried, over all runs (expected 0).
+    pub(crate) retries: u64,
+    /// Every run, in the order they ran.
+    pub(crate) runs: Vec<Run>,
+}
+
+impl Report {
+    /// Prints the report as a table on stdout.
+    pub(crate) fn print(&self) {
+        match self {
+            Self::Relay(r) => {
+                println!(
+                    "relay · store {} · transport {} · {} messages · batch {} · {} keys",
+                    name(r.store),
+                    name(r.transport),
+                    r.messages,
+                    r.batch,
+                    r.keys
+                );
+                print_runs(&r.runs);
+                print_comparison(r.msgs_per_s, r.baseline_msgs_per_s, r.ratio);
+            }
+            Self::Latency(r) => {
+                println!(
+                    "latency · store {} · transport {} · wake {} · {} msg/s for {} s (achieved {:.0} msg/s)",
+                    name(r.store),
+                    name(r.transport),
+                    name(r.wake),
+                    r.rate,
+                    r.seconds,
+                    r.achieved_rate
+                );
+                println!(
+                    "  {} messages: p50 {:.2} ms · p99 {:.2} ms · max {:.2} ms · mean {:.2} ms",
+                    r.messages, r.p50_ms, r.p99_ms, r.max_ms, r.mean_ms
+                );
+            }
+            Self::Consumer(r) => {
+                println!(
+                    "consumer · store {} · transport {} · {} messages · {} lanes · {} keys",
+                    name(r.store),
+                    name(r.transport),
+                    r.messages,
+                    r.lanes,
+                    r.keys
+                );
+                print_runs(&r.runs);
+                print_comparison(r.msgs_per_s, r.baseline_msgs_per_s, r.ratio);
+                if r.retries > 0 {
+                    println!("  {} deliveries were retried", r.retries);
+                }
+            }
+        }
+    }
+}
+
+fn print_runs(runs: &[Run]) {
+    println!("  round  side        msg/s   seconds");
+    for run in runs {
+        println!(
+            "  {:>5}  {:<8} {:>9.0} {:>9.2}",
+            run.round,
+            run.side.name(),
+            run.msgs_per_s,
+            run.seconds
+        );
+        if !run.steps.is_empty() {
+            let steps: Vec<String> = run
+                .steps
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {:.2} s ({} × {:.3} ms)",
+                        s.step, s.total_s, s.calls, s.mean_ms
+                    )
+                })
+                .collect();
+            println!("                 {}", steps.join(" · "));
+        }
+    }
+}
+
+fn print_comparison(engine: f64, baseline: f64, ratio: f64) {
+    println!("  best: engine {engine:.0} msg/s · baseline {baseline:.0} msg/s · ratio {ratio:.3}");
+}
+
+/// The name clap knows a value by.
+fn name(value: impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_owned())
+}

@@ -1,0 +1,237 @@
+//! Runs the real `oncebox bench` binary with small sizes and checks the shape and sanity
+//! of its JSON reports. Never asserts performance targets: figures depend on the machine.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("the oncebox binary runs");
+    assert!(
+        out.status.success(),
+        "oncebox bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout of {args:?} is not one JSON object ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn number(report: &Value, field: &str) -> f64 {
+    report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} missing or not a number: {report}"))
+}
+
+/// Checks the fields shared by the throughput benchmarks (relay, consumer).
+fn check_comparison(report: &Value, messages: u64, rounds: usize) {
+    assert!(number(report, "msgs_per_s") > 0.0, "{report}");
+    assert!(number(report, "baseline_msgs_per_s") > 0.0, "{report}");
+    let ratio = number(report, "ratio");
+    assert!(ratio > 0.0 && ratio.is_finite(), "{report}");
+    let expected = number(report, "msgs_per_s") / number(report, "baseline_msgs_per_s");
+    assert!((ratio - expected).abs() < 1e-9, "{report}");
+    assert_eq!(report["messages"].as_u64(), Some(messages), "{report}");
+    assert_eq!(report["transport"], "memory", "{report}");
+    let runs = report["runs"].as_array().expect("runs is an array");
+    assert_eq!(runs.len(), 2 * rounds, "{report}");
+    for (i, run) in runs.iter().enumerate() {
+        let side = if i % 2 == 0 { "baseline" } else { "engine" };
+        assert_eq!(
+            run["side"], side,
+            "runs alternate, baseline first: {report}"
+        );
+        assert_eq!(run["messages"].as_u64(), Some(messages), "{report}");
+        assert!(number(run, "msgs_per_s") > 0.0, "{report}");
+        assert!(number(run, "seconds") > 0.0, "{report}");
+    }
+    let best = |side: &str| {
+        runs.iter()
+            .filter(|run| run["side"] == side)
+            .map(|run| number(run, "msgs_per_s"))
+            .fold(0.0, f64::max)
+    };
+    assert_eq!(best("engine"), number(report, "msgs_per_s"), "{report}");
+    assert_eq!(
+        best("baseline"),
+        number(report, "baseline_msgs_per_s"),
+        "{report}"
+    );
+}
+
+fn check_latency(report: &Value, wake: &str, rate: u64, seconds: u64) {
+    assert_eq!(report["bench"], "latency", "{report}");
+    assert_eq!(report["wake"], wake, "{report}");
+    assert_eq!(report["rate"].as_u64(), Some(rate), "{report}");
+    assert_eq!(report["seconds"].as_u64(), Some(seconds), "{report}");
+    // The warm-up second is not counted.
+    assert_eq!(
+        report["messages"].as_u64(),
+        Some(rate * seconds),
+        "{report}"
+    );
+    let (p50, p99, max) = (
+        number(report, "p50_ms"),
+        number(report, "p99_ms"),
+        number(report, "max_ms"),
+    );
+    assert!(0.0 <= p50 && p50 <= p99 && p99 <= max, "{report}");
+    assert!(max.is_finite(), "{report}");
+    assert!(number(report, "achieved_rate") > 0.0, "{report}");
+}
+
+#[test]
+fn relay_on_sqlite_reports_engine_baseline_and_ratio() {
+    let report = bench(&["relay", "--store", "sqlite", "--messages", "2000"]);
+    assert_eq!(report["bench"], "relay", "{report}");
+    assert_eq!(report["store"], "sqlite", "{report}");
+    assert_eq!(report["batch"].as_u64(), Some(256), "{report}");
+    check_comparison(&report, 2000, 3);
+}
+
+#[test]
+fn relay_takes_batch_and_rounds() {
+    let report = bench(&[
+        "relay",
+        "--messages",
+        "500",
+        "--batch",
+        "7",
+        "--rounds",
+        "1",
+        "--keys",
+        "3",
+    ]);
+    assert_eq!(report["batch"].as_u64(), Some(7), "{report}");
+    assert_eq!(report["keys"].as_u64(), Some(3), "{report}");
+    check_comparison(&report, 500, 1);
+}
+
+#[test]
+fn latency_on_sqlite_reports_ordered_percentiles() {
+    for wake in ["notify", "poll"] {
+        let report = bench(&[
+            "latency",
+            "--store",
+            "sqlite",
+            "--rate",
+            "200",
+            "--seconds",
+            "2",
+            "--wake",
+            wake,
+        ]);
+        assert_eq!(report["store"], "sqlite", "{report}");
+        check_latency(&report, wake, 200, 2);
+    }
+}
+
+#[test]
+fn consumer_on_sqlite_reports_engine_baseline_and_ratio() {
+    let report = bench(&["consumer", "--store", "sqlite", "--messages", "1000"]);
+    assert_eq!(report["bench"], "consumer", "{report}");
+    assert_eq!(report["lanes"].as_u64(), Some(16), "{report}");
+    assert_eq!(report["retries"].as_u64(), Some(0), "{report}");
+    check_comparison(&report, 1000, 3);
+}
+
+// PostgreSQL: the server at `ONCEBOX_PG_URL` (default
+// `postgres://postgres@127.0.0.1:5432/postgres`), which `scripts/test` starts. Each run
+// works in a schema of its own and drops it.
+
+#[test]
+fn relay_on_postgres_reports_engine_baseline_and_ratio() {
+    let report = bench(&["relay", "--store", "postgres", "--messages", "2000"]);
+    assert_eq!(report["bench"], "relay", "{report}");
+    assert_eq!(report["store"], "postgres", "{report}");
+    check_comparison(&report, 2000, 3);
+}
+
+#[test]
+fn latency_on_postgres_reports_ordered_percentiles() {
+    for wake in ["notify", "poll"] {
+        let report = bench(&[
+            "latency",
+            "--store",
+            "postgres",
+            "--rate",
+            "200",
+            "--seconds",
+            "2",
+            "--wake",
+            wake,
+        ]);
+        assert_eq!(report["store"], "postgres", "{report}");
+        check_latency(&report, wake, 200, 2);
+    }
+}
+
+#[test]
+fn consumer_on_postgres_reports_engine_baseline_and_ratio() {
+    let report = bench(&["consumer", "--store", "postgres", "--messages", "1000"]);
+    assert_eq!(report["store"], "postgres", "{report}");
+    assert_eq!(report["retries"].as_u64(), Some(0), "{report}");
+    check_comparison(&report, 1000, 3);
+}
+
+#[test]
+fn a_bad_database_url_is_reported_without_its_password() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["bench", "relay", "--store", "postgres", "--json"])
+        .args([
+            "--database-url",
+            "postgres://nobody:secret@127.0.0.1:1/none",
+        ])
+        .output()
+        .expect("the oncebox binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("connecting to PostgreSQL"), "{stderr}");
+    assert!(
+        !stderr.contains("secret"),
+        "the password is shown: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "a failed run prints no report");
+}
+
+#[test]
+fn human_output_is_a_table_and_bad_flags_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["bench", "relay", "--messages", "300", "--rounds", "1"])
+        .output()
+        .expect("the oncebox binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("baseline") && stdout.contains("ratio"),
+        "{stdout}"
+    );
+
+    for bad in [
+        &["relay", "--messages", "0"][..],
+        &["relay", "--store", "mysql"],
+        &["relay", "--transport", "carrier-pigeon"],
+        &["latency", "--wake", "sometimes"],
+        &["latency", "--rate", "0"],
+        &["consumer", "--lanes", "0"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .arg("bench")
+            .args(bad)
+            .output()
+            .expect("the oncebox binary runs");
+        assert!(!out.status.success(), "{bad:?} was accepted");
+    }
+}

@@ -1,0 +1,128 @@
+//! `Idempotency-Key` for HTTP APIs: a tower [`Layer`](tower::Layer) that makes `POST`
+//! and `PATCH` requests safe to retry, over any oncebox
+//! [`DedupStore`](oncebox_core::store::DedupStore).
+//!
+//! It follows the IETF draft "The Idempotency-Key HTTP Header Field" and Stripe's
+//! behaviour. A client sends a unique key with a request; if the response gets lost, it
+//! sends the same request with the same key again, and gets the first response back
+//! instead of a second charge.
+//!
+//! | the request | the answer |
+//! |---|---|
+//! | first with its key | the handler runs once; its status, selected headers and body are stored for [`ttl`](IdempotencyOptions::ttl) (24 h) |
+//! | same key, same request, after completion | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
+//! | same key while the first is running | `409 Conflict` with `Retry-After` |
+//! | same key, another method, path or body | `422 Unprocessable Content` |
+//! | no key where [`required`](IdempotencyOptions::required) | `400 Bad Request` |
+//! | a key that is not 1..=255 visible ASCII characters | `400 Bad Request` |
+//! | a body over [`max_body_bytes`](IdempotencyOptions::max_body_bytes) (1 MiB) | `413 Content Too Large`, handler not run |
+//! | the store is unreachable | `503` with `Retry-After` (fail closed), or [fail open](IdempotencyOptions::on_store_failure) |
+//! | another method (`GET`, `PUT`, `DELETE`...) | passed through untouched |
+//!
+//! The layer's own errors are `application/problem+json` (RFC 9457); the [`problem`]
+//! module lists their `type`s.
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use oncebox_core::memory::MemoryDedupStore;
+//! use oncebox_http::{HeaderPrincipal, IdempotencyLayer, IdempotencyOptions};
+//!
+//! # fn app() -> oncebox_core::Result<Router> {
+//! let idempotency = IdempotencyLayer::new(
+//!     MemoryDedupStore::default(),
+//!     IdempotencyOptions::new().required(true),
+//! )?
+//! .principal(HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")));
+//!
+//! let app = Router::new()
+//!     .route("/payments", post(|| async { "charged" }))
+//!     .layer(idempotency);
+//! # Ok(app) }
+//! ```
+//!
+//! # One idea, two faces
+//!
+//! The idempotency record *is* a dedup record: its id is the key's scope, its result is
+//! the request fingerprint and the response. So every `DedupStore` is an idempotency
+//! store with no code of its own:
+//!
+//! | store | crate | notes |
+//! |---|---|---|
+//! | [`MemoryDedupStore`](oncebox_core::memory::MemoryDedupStore) | `oncebox-core` | one process |
+//! | [`LayeredDedupStore`](oncebox_core::memory::LayeredDedupStore) | `oncebox-core` | replays from memory, in front of a shared store |
+//! | `SqliteDedupStore` | `oncebox-sqlite` | one host |
+//! | `PgDedupStore` | `oncebox-postgres` | shared, durable |
+//! | `RedisDedupStore` | `oncebox-redis` | shared, fast, as durable as Redis is configured |
+//!
+//! # Scope and fingerprint
+//!
+//! A key is scoped by the request's [`Principal`] (an API key, an authenticated subject,
+//! a tenant: two principals with the same key never see each other's responses), the
+//! method, and the route: with the `axum` feature, the route template
+//! (`/orders/{id}/refund`) when axum matched one before the layer ran (as it has for
+//! `Router::layer` and `Router::route_layer`), else the path (as when the layer wraps a
+//! whole router as a service). The scope is hashed (SHA-256) into the dedup id, so
+//! principals are never stored in clear.
+//!
+//! The fingerprint is the SHA-256 of the method, the path with its query, and the body;
+//! a key reused with another fingerprint is refused with `422`. The body is buffered for
+//! that, up to [`max_body_bytes`](IdempotencyOptions::max_body_bytes); the inner service
+//! gets the buffered copy.
+//!
+//! # What is stored, what is replayed
+//!
+//! Every response but `5xx` (unless [`store_server_errors`](IdempotencyOptions::store_server_errors)),
+//! `408` and `429` is stored: the status, the headers on the
+//! [`replay_headers`](IdempotencyOptions::replay_headers) allow-list (default
+//! `content-type`), and the body byte for byte. A response whose body is over
+//! [`max_response_bytes`](IdempotencyOptions::max_response_bytes), or that has trailers,
+//! is sent but not stored. The first response is sent as the handler made it, with all of
+//! its headers; replays carry the allowed headers and `Idempotent-Replayed: true`.
+//!
+//! # Crashes, panics, hang-ups
+//!
+//! A request holds its key with a [`lease`](IdempotencyOptions::lease) (default 30 s)
+//! while its handler runs. An error of the inner service, a `5xx` that is not stored, and
+//! a response future dropped before the end (the client hung up, the handler panicked)
+//! free the key at once. A process that dies holding keys frees them when their leases
+//! end. Meanwhile retries get `409`.
+//!
+//! **What this does not promise:** like every idempotent receiver whose store is not the
+//! handler's database, a handler whose effect happened but whose process died before the
+//! response was stored will run again on a retry after the lease; and a handler running
+//! longer than its lease loses its key (its response is sent, not stored), so size the
+//! lease above your slowest handler. Where the effect is a database write, record the key
+//! in the same transaction as well (the transactional inbox does).
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `axum` | [`IdempotencyKey`] as an axum extractor; route templates (`MatchedPath`) as scope |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+#[cfg(feature = "axum")]
+mod extract;
+mod fingerprint;
+mod flow;
+mod future;
+mod key;
+mod layer;
+mod options;
+mod principal;
+pub mod problem;
+mod record;
+mod service;
+
+pub use body::{RequestBody, ResponseBody};
+pub use future::ResponseFuture;
+pub use key::{IdempotencyKey, KeyError};
+pub use layer::IdempotencyLayer;
+pub use oncebox_core::consumer::StoreFailure;
+pub use options::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyOptions, MAX_KEY_LEN};
+pub use principal::{Anonymous, HeaderPrincipal, Principal};
+pub use service::Idempotency;

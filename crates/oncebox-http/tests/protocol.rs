@@ -1,0 +1,443 @@
+//! The protocol, driven with `oneshot` on a plain tower service (no server): every
+//! answer of the layer, store failures, errors of the inner service, dropped futures,
+//! handlers that outlive their lease.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use oncebox_core::memory::MemoryDedupStore;
+use oncebox_core::store::{Begin, DedupStore};
+use oncebox_http::{
+    IdempotencyLayer, IdempotencyOptions, RequestBody, ResponseBody, StoreFailure, problem,
+};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+type Req = Request<RequestBody<Full<Bytes>>>;
+
+/// A handler that counts its runs, answers `201` with a unique body, and sleeps
+/// `delay` first.
+#[derive(Clone)]
+struct Handler {
+    calls: Arc<AtomicUsize>,
+    delay: Duration,
+    status: StatusCode,
+    body_len: usize,
+}
+
+impl Handler {
+    fn new() -> Self {
+        Self {
+            calls: Arc::default(),
+            delay: Duration::ZERO,
+            status: StatusCode::CREATED,
+            body_len: 0,
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Req, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static {
+        let handler = self.clone();
+        service_fn(move |request: Req| {
+            let handler = handler.clone();
+            async move {
+                let run = handler.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let key = request
+                    .extensions()
+                    .get::<oncebox_http::IdempotencyKey>()
+                    .map(|k| k.to_string());
+                let body = request
+                    .into_body()
+                    .collect()
+                    .await
+                    .ok()
+                    .map(|b| b.to_bytes());
+                tokio::time::sleep(handler.delay).await;
+                let mut text = format!(
+                    "run {run} key {key:?} body {:?} {}",
+                    body.unwrap_or_default(),
+                    uuid::Uuid::new_v4()
+                );
+                while text.len() < handler.body_len {
+                    text.push('.');
+                }
+                let mut response = Response::new(Full::new(Bytes::from(text)));
+                *response.status_mut() = handler.status;
+                Ok::<_, Infallible>(response)
+            }
+        })
+    }
+}
+
+fn post(key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
+    let mut request = Request::post("/orders?x=1");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    request
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("request")
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn problem_type(&self) -> String {
+        assert_eq!(self.headers["content-type"], problem::CONTENT_TYPE);
+        let json: serde_json::Value = serde_json::from_slice(&self.body).expect("JSON");
+        json["type"].as_str().expect("type").to_owned()
+    }
+
+    fn replayed(&self) -> bool {
+        self.headers.contains_key("idempotent-replayed")
+    }
+}
+
+async fn send<S, B>(service: S, request: Request<Full<Bytes>>) -> Answer
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResponseBody<B>>, Error = Infallible>,
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    let response = service.oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("body").to_bytes(),
+    }
+}
+
+fn layer(
+    store: Arc<MemoryDedupStore>,
+    options: IdempotencyOptions,
+) -> IdempotencyLayer<Arc<MemoryDedupStore>> {
+    IdempotencyLayer::new(store, options).expect("valid options")
+}
+
+#[tokio::test]
+async fn required_key_missing_or_invalid_is_400() {
+    let handler = Handler::new();
+    let service =
+        layer(Arc::default(), IdempotencyOptions::new().required(true)).layer(handler.service());
+    let missing = send(service.clone(), post(None, "{}")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.problem_type(), problem::KEY_MISSING);
+
+    let long = "k".repeat(256);
+    let bad_keys = [
+        HeaderValue::from_static(""),
+        HeaderValue::from_static("has space"),
+        HeaderValue::from_str(&long).expect("ascii"),
+        HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
+    ];
+    for bad in bad_keys {
+        let mut request = post(None, "{}");
+        request.headers_mut().insert("idempotency-key", bad.clone());
+        let answer = send(service.clone(), request).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(answer.problem_type(), problem::KEY_INVALID);
+    }
+    let mut twice = post(Some("a"), "{}");
+    twice
+        .headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("b"));
+    assert_eq!(
+        send(service.clone(), twice).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(handler.calls(), 0);
+
+    // The longest key, and the IETF draft's quoted form, are fine.
+    let longest = "k".repeat(255);
+    let mut request = post(None, "{}");
+    request.headers_mut().insert(
+        "idempotency-key",
+        HeaderValue::from_str(&longest).expect("ascii"),
+    );
+    assert_eq!(
+        send(service.clone(), request).await.status,
+        StatusCode::CREATED
+    );
+    let quoted = send(service.clone(), post(Some("\"q-1\""), "{}")).await;
+    assert_eq!(quoted.status, StatusCode::CREATED);
+    // Quoted and bare forms are the same key.
+    let bare = send(service, post(Some("q-1"), "{}")).await;
+    assert!(bare.replayed());
+    assert_eq!(bare.body, quoted.body);
+}
+
+#[tokio::test]
+async fn other_methods_and_keyless_requests_pass_through() {
+    let handler = Handler::new();
+    let store = Arc::new(MemoryDedupStore::new(100));
+    let service = layer(Arc::clone(&store), IdempotencyOptions::new()).layer(handler.service());
+    for _ in 0..2 {
+        // Not required: no key, no protection.
+        assert_eq!(
+            send(service.clone(), post(None, "{}")).await.status,
+            StatusCode::CREATED
+        );
+        // GET is not one of the methods, even with a key.
+        let mut get = post(Some("k"), "");
+        *get.method_mut() = Method::GET;
+        let answer = send(service.clone(), get).await;
+        assert!(!answer.replayed());
+    }
+    assert_eq!(handler.calls(), 4);
+    assert!(store.is_empty(), "nothing was recorded");
+
+    // PUT can be opted in.
+    let service =
+        layer(store, IdempotencyOptions::new().methods([Method::PUT])).layer(handler.service());
+    let mut put = post(Some("k-put"), "{}");
+    *put.method_mut() = Method::PUT;
+    let first = send(service.clone(), put).await;
+    let mut put = post(Some("k-put"), "{}");
+    *put.method_mut() = Method::PUT;
+    let again = send(service, put).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+}
+
+#[tokio::test]
+async fn the_handler_sees_the_body_and_the_key() {
+    let handler = Handler::new();
+    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let answer = send(service, post(Some("k-seen"), "{\"a\":1}")).await;
+    let text = String::from_utf8_lossy(&answer.body);
+    assert!(text.contains("key Some(\"k-seen\")"), "{text}");
+    assert!(text.contains("{\\\"a\\\":1}"), "{text}");
+}
+
+#[tokio::test]
+async fn path_and_query_are_part_of_the_fingerprint() {
+    let handler = Handler::new();
+    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    send(service.clone(), post(Some("k-q"), "{}")).await;
+    let mut other_query = post(Some("k-q"), "{}");
+    *other_query.uri_mut() = "/orders?x=2".parse().expect("uri");
+    // Another path is another scope (the route is part of it) ...
+    let mut other_path = post(Some("k-q"), "{}");
+    *other_path.uri_mut() = "/refunds".parse().expect("uri");
+    assert_eq!(
+        send(service.clone(), other_path).await.status,
+        StatusCode::CREATED
+    );
+    // ... while the same path with another query is the same scope, another request.
+    let answer = send(service, other_query).await;
+    assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(answer.problem_type(), problem::KEY_REUSED);
+    assert_eq!(handler.calls(), 2);
+}
+
+#[tokio::test]
+async fn store_failure_fails_closed_by_default_or_open_when_asked() {
+    let handler = Handler::new();
+    let store = Arc::new(MemoryDedupStore::new(100));
+    store.set_down(true);
+    let closed = layer(
+        Arc::clone(&store),
+        IdempotencyOptions::new().retry_after(Duration::from_secs(5)),
+    )
+    .layer(handler.service());
+    let answer = send(closed, post(Some("k-down"), "{}")).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem_type(), problem::STORE_UNAVAILABLE);
+    assert_eq!(answer.headers["retry-after"], "5");
+    assert_eq!(handler.calls(), 0);
+
+    let open = layer(
+        Arc::clone(&store),
+        IdempotencyOptions::new().on_store_failure(StoreFailure::FailOpen),
+    )
+    .layer(handler.service());
+    assert_eq!(
+        send(open, post(Some("k-down"), "{}")).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(handler.calls(), 1);
+}
+
+/// A store whose every id holds a result that is no idempotency record.
+struct Junk;
+
+impl DedupStore for Junk {
+    async fn begin(&self, _id: &str, _lease: Duration) -> oncebox_core::Result<Begin> {
+        Ok(Begin::Completed(Bytes::from_static(b"charged")))
+    }
+
+    async fn complete(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+        _result: &[u8],
+        _ttl: Duration,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+
+    async fn abandon(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn damaged_record_is_a_store_failure_not_a_panic() {
+    let handler = Handler::new();
+    let service = IdempotencyLayer::new(Junk, IdempotencyOptions::new())
+        .expect("valid options")
+        .layer(handler.service());
+    let answer = send(service, post(Some("k-junk"), "{}")).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem_type(), problem::STORE_UNAVAILABLE);
+    assert_eq!(handler.calls(), 0);
+}
+
+#[tokio::test]
+async fn inner_errors_pass_through_and_free_the_key() {
+    #[derive(Debug)]
+    struct Boom;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let failing = service_fn(move |_request: Req| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Err(Boom)
+            } else {
+                Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        }
+    });
+    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(failing);
+    let error = service.clone().oneshot(post(Some("k-err"), "{}")).await;
+    assert!(
+        matches!(error, Err(Boom)),
+        "the inner error type passes through"
+    );
+    let ok = service
+        .oneshot(post(Some("k-err"), "{}"))
+        .await
+        .expect("second call");
+    assert_eq!(ok.status(), StatusCode::OK, "the key was freed");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_future_frees_the_key_at_once() {
+    let mut handler = Handler::new();
+    handler.delay = Duration::from_secs(3600);
+    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let mut future = Box::pin(service.clone().oneshot(post(Some("k-drop"), "{}")));
+    // Poll until the handler runs, then hang up.
+    let _ = tokio::time::timeout(Duration::from_millis(200), &mut future).await;
+    assert_eq!(handler.calls(), 1);
+    let busy = send(service.clone(), post(Some("k-drop"), "{}")).await;
+    assert_eq!(busy.status, StatusCode::CONFLICT);
+    assert_eq!(busy.problem_type(), problem::KEY_IN_USE);
+    drop(future);
+    // The abandon runs in a task of its own.
+    let mut freed = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let answer = tokio::time::timeout(
+            Duration::from_millis(100),
+            send(service.clone(), post(Some("k-drop"), "{}")),
+        )
+        .await;
+        // A retry that takes the key runs the (endless) handler: it times out.
+        if answer.is_err() {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed, "the key stayed held after the future was dropped");
+    assert_eq!(handler.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_outliving_its_lease_is_fenced() {
+    let store = Arc::new(MemoryDedupStore::new(100));
+    let mut slow = Handler::new();
+    slow.delay = Duration::from_millis(600);
+    let options = IdempotencyOptions::new().lease(Duration::from_millis(200));
+    let slow_service = layer(Arc::clone(&store), options.clone()).layer(slow.service());
+    let fast = Handler::new();
+    let fast_service = layer(Arc::clone(&store), options).layer(fast.service());
+
+    let first = tokio::spawn(send(slow_service, post(Some("k-lease"), "{}")));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    // The slow holder's lease ended: this request takes the key and completes.
+    let second = send(fast_service.clone(), post(Some("k-lease"), "{}")).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert!(!second.replayed());
+    // The slow one still answers its client, but cannot store over the new holder.
+    let first = first.await.expect("slow request");
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_ne!(first.body, second.body);
+    let replay = send(fast_service, post(Some("k-lease"), "{}")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, second.body, "the new holder's response stands");
+}
+
+#[tokio::test]
+async fn large_responses_are_sent_whole_but_not_stored() {
+    let mut handler = Handler::new();
+    handler.body_len = 10_000;
+    let service = layer(
+        Arc::default(),
+        IdempotencyOptions::new().max_response_bytes(1000),
+    )
+    .layer(handler.service());
+    let first = send(service.clone(), post(Some("k-large"), "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(
+        first.body.len() >= 10_000,
+        "the whole body reached the client"
+    );
+    let second = send(service, post(Some("k-large"), "{}")).await;
+    assert!(!second.replayed(), "not stored: the key was freed");
+    assert_eq!(handler.calls(), 2);
+}
+
+#[tokio::test]
+async fn rate_limited_responses_are_not_stored() {
+    let mut handler = Handler::new();
+    handler.status = StatusCode::TOO_MANY_REQUESTS;
+    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    send(service.clone(), post(Some("k-429"), "{}")).await;
+    let again = send(service, post(Some("k-429"), "{}")).await;
+    assert!(!again.replayed());
+    assert_eq!(handler.calls(), 2);
+}
+
+#[tokio::test]
+async fn options_are_validated() {
+    let error = IdempotencyLayer::new(
+        MemoryDedupStore::new(10),
+        IdempotencyOptions::new().lease(Duration::ZERO),
+    )
+    .expect_err("zero lease");
+    assert!(error.is_invalid_input());
+}

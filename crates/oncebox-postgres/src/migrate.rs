@@ -1,0 +1,70 @@
+//! The embedded schema and its migrator.
+
+use oncebox_core::Result;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use crate::ident::{self, qualified, quote};
+
+/// The schema [`PgStore::connect`](crate::PgStore::connect) uses unless told otherwise.
+pub const DEFAULT_SCHEMA: &str = "oncebox";
+
+/// The table, in the store's schema, in which [`migrator`] records applied migrations,
+/// apart from the application's own `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_oncebox_migrations";
+
+/// The placeholder for the schema in [`SCHEMA_V1`], in psql's variable syntax.
+pub const SCHEMA_PLACEHOLDER: &str = ":\"schema\"";
+
+/// The schema, version 1: the raw SQL of `migrations/0001_init.sql`, for teams that apply
+/// migrations with their own tool. The schema name is the psql variable `:"schema"`:
+///
+/// ```text
+/// psql -v schema=oncebox -v ON_ERROR_STOP=1 -f migrations/0001_init.sql
+/// ```
+///
+/// or use [`schema_sql`] for the text with a schema filled in. Every statement is
+/// idempotent.
+pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
+
+/// [`SCHEMA_V1`] with `schema` filled in.
+///
+/// # Errors
+///
+/// [`Error::InvalidOptions`](oncebox_core::Error::InvalidOptions) if `schema` is not a
+/// valid schema name (`[a-z_][a-z0-9_]*`, at most 63 bytes, not starting with `pg_`).
+pub fn schema_sql(schema: &str) -> Result<String> {
+    ident::validate("schema", schema)?;
+    Ok(SCHEMA_V1.replace(SCHEMA_PLACEHOLDER, &quote(schema)))
+}
+
+/// The migrator of oncebox's tables in `schema`: creates the schema if needed and
+/// records its work in `<schema>._oncebox_migrations`.
+///
+/// [`PgStore::migrate`](crate::PgStore::migrate) runs it; call it directly to migrate
+/// through a connection or pool of your own:
+///
+/// ```no_run
+/// # async fn demo(pool: &sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// oncebox_postgres::migrator("oncebox")?.run(pool).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidOptions`](oncebox_core::Error::InvalidOptions) if `schema` is not a
+/// valid schema name.
+pub fn migrator(schema: &str) -> Result<Migrator> {
+    let sql = schema_sql(schema)?;
+    let migrations = vec![Migration::new(
+        1,
+        "oncebox init".into(),
+        MigrationType::Simple,
+        AssertSqlSafe(sql).into_sql_str(),
+        false,
+    )];
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.create_schema(quote(schema));
+    migrator.dangerous_set_table_name(qualified(schema, MIGRATIONS_TABLE));
+    Ok(migrator)
+}

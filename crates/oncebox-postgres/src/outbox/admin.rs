@@ -1,0 +1,230 @@
+//! What operators ask of the outbox: counts, dead letters, replay, one row's state.
+
+use std::time::{Duration, SystemTime};
+
+use oncebox_core::{Error, Message, MessageId, Result};
+use sqlx::Row;
+
+use super::PgOutbox;
+use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::spool::{SpoolRow, query, sql_limit};
+use crate::time::{from_micros, micros_duration};
+
+/// Counts of outbox rows by status, and how long the oldest pending message has waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Rows waiting to be published (including rows being retried and rows leased to a
+    /// relay right now).
+    pub pending: u64,
+    /// Rows published and kept until retention purges them.
+    pub done: u64,
+    /// Rows given up on.
+    pub dead: u64,
+    /// Age of the first pending row in commit order (from its creation time, measured on
+    /// the database's clock); `None` when nothing is pending.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+/// A dead-lettered outbox message, with why it was given up.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The row's position in commit order.
+    pub seq: i64,
+    /// The message id (also in `message`).
+    pub id: MessageId,
+    /// The message as enqueued.
+    pub message: Message,
+    /// Attempts made, the last one included.
+    pub attempts: u32,
+    /// Why it was given up (the last error).
+    pub reason: String,
+    /// When it was given up.
+    pub dead_at: SystemTime,
+}
+
+/// Where an outbox row stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RowStatus {
+    /// Waiting to be published (possibly leased to a relay, or waiting for a retry).
+    Pending,
+    /// Published.
+    Done,
+    /// Given up.
+    Dead,
+}
+
+/// The state of one outbox row, as [`PgOutbox::status`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RowState {
+    /// The row's position in commit order.
+    pub seq: i64,
+    /// Pending, done or dead.
+    pub status: RowStatus,
+    /// Failed attempts so far (for a dead row, the last one included).
+    pub attempts: u32,
+    /// The last failure; for a dead row, the reason it was given up. Kept when a dead row
+    /// is replayed.
+    pub last_error: Option<String>,
+    /// When a pending row becomes claimable.
+    pub available_at: SystemTime,
+    /// Until when a relay holds the row, if one claimed it (the lease may have ended).
+    pub leased_until: Option<SystemTime>,
+    /// When the row was published or given up.
+    pub settled_at: Option<SystemTime>,
+}
+
+impl PgOutbox {
+    /// Counts rows by status and measures the oldest pending age, in one statement. Each
+    /// count walks a partial index of its status, so on tables with millions of done
+    /// rows call it at the pace of a dashboard, not per message.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn stats(&self) -> Result<OutboxStats> {
+        let row = query(&self.sql().stats)
+            .fetch_one(self.pool())
+            .await
+            .map_err(store_error)?;
+        let count = |column: &str| -> Result<u64> {
+            let n: i64 = row.try_get(column).map_err(store_error)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest_pending_us").map_err(store_error)?;
+        Ok(OutboxStats {
+            pending: count("pending")?,
+            done: count("done")?,
+            dead: count("dead")?,
+            oldest_pending_age: oldest.map(micros_duration),
+        })
+    }
+
+    /// The first `limit` dead letters, in commit order.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent store error with a
+    /// [`RowDecodeError`](crate::RowDecodeError) source naming the row if a dead row
+    /// cannot be decoded (written by something other than oncebox: fix or delete it
+    /// with SQL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let rows = query(&self.sql().dead_letters)
+            .bind(sql_limit(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(store_error)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get("seq").map_err(store_error)?;
+                let reader = RowReader::new(row, self.spool().display(), format_args!("seq {seq}"));
+                decode_dead_letter(seq, &reader).map_err(Error::from)
+            })
+            .collect()
+    }
+
+    /// Puts the dead message `id` back in line: pending, due now, attempts reset to 0
+    /// (its last error is kept). Returns whether a dead message with that id was found.
+    ///
+    /// The row keeps its place in commit order, so it is published before the later
+    /// pending messages of its key, which wait for it; later messages of its key that
+    /// were published while it was dead stay published before it. If a relay holds
+    /// later messages of its key right now, the replayed row waits until that relay's
+    /// lease ends, so that the key is never on two relays at once: the replay takes the
+    /// claim lock, and gives the row a lease without a holder until then.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one transaction, applied entirely or not at all.
+    pub async fn replay_dead(&self, id: MessageId) -> Result<bool> {
+        let mut tx = self.pool().begin().await.map_err(store_error)?;
+        query(&self.sql().lock)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let result = query(&self.sql().replay)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        let replayed = result.rows_affected() > 0;
+        if replayed {
+            self.wake();
+        }
+        Ok(replayed)
+    }
+
+    /// The state of the row of message `id`, or `None` if there is none (never
+    /// enqueued, purged after publishing, or deleted on publish).
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one with a [`RowDecodeError`](crate::RowDecodeError)
+    /// source if the row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn status(&self, id: MessageId) -> Result<Option<RowState>> {
+        let row = query(&self.sql().status)
+            .bind(id.to_string())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, self.spool().display(), format_args!("id {id}"));
+        Ok(Some(decode_state(&reader)?))
+    }
+}
+
+fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDecodeError> {
+    let message = Message::decode(row)?;
+    let dead_at: Option<i64> = row.get("dead_at")?;
+    Ok(DeadLetter {
+        seq,
+        id: message.id,
+        message,
+        attempts: row.count("attempts")?,
+        reason: row.get::<Option<String>>("last_error")?.unwrap_or_default(),
+        dead_at: from_micros(dead_at.unwrap_or(0)),
+    })
+}
+
+fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+    let status: String = row.get("status")?;
+    let status = match status.as_str() {
+        "pending" => RowStatus::Pending,
+        "done" => RowStatus::Done,
+        "dead" => RowStatus::Dead,
+        other => return Err(row.error("status", format!("unknown status {other:?}"))),
+    };
+    let done_at: Option<i64> = row.get("done_at")?;
+    let dead_at: Option<i64> = row.get("dead_at")?;
+    Ok(RowState {
+        seq: row.get("seq")?,
+        status,
+        attempts: row.count("attempts")?,
+        last_error: row.get("last_error")?,
+        available_at: from_micros(row.get("available_at")?),
+        leased_until: row.get::<Option<i64>>("lease_until")?.map(from_micros),
+        settled_at: done_at.or(dead_at).map(from_micros),
+    })
+}

@@ -1,0 +1,236 @@
+//! The outbox's statements, for oncebox's own table and for Debezium-style tables.
+
+use std::sync::Arc;
+
+use crate::ident::{CLAIM_CLASS, KEY_CLASS, derived, literal, qualified, quote, table_oid};
+use crate::spool::sql::{Columns, lock_key};
+use crate::spool::{Layout, SpoolSql};
+use crate::time::{micros_of, micros_param};
+
+use super::debezium::{DebeziumLayout, DebeziumPayload};
+
+/// Every statement of one outbox table, built once.
+pub(crate) struct OutboxSql {
+    pub(crate) spool: Arc<SpoolSql>,
+    /// `$1` id, `$2` topic (aggregate type), `$3` key, `$4` kind, `$5` headers JSON,
+    /// `$6` payload, `$7` created at (µs) → `seq`, or no row for a duplicate id.
+    pub(crate) enqueue: Arc<str>,
+    /// As `enqueue`, plus `pg_notify` in the same statement.
+    pub(crate) enqueue_notify: Arc<str>,
+    /// Takes the claim lock (replay is serialised with claims).
+    pub(crate) lock: Arc<str>,
+    /// `$1` id.
+    pub(crate) replay: Arc<str>,
+    pub(crate) stats: Arc<str>,
+    /// `$1` limit.
+    pub(crate) dead_letters: Arc<str>,
+    /// `$1` id.
+    pub(crate) status: Arc<str>,
+    /// The table, for [`PgOutbox::table`](crate::PgOutbox::table).
+    pub(crate) table: String,
+    /// The notification channel.
+    pub(crate) channel: String,
+    /// A Debezium-style table takes topics under this prefix only.
+    pub(crate) topic_prefix: Option<String>,
+    /// The payload must be JSON.
+    pub(crate) json_payload: bool,
+}
+
+/// The names of oncebox's own outbox table in `schema`.
+pub(crate) fn native(schema: &str) -> OutboxSql {
+    let table = qualified(schema, "outbox");
+    let oid = table_oid(schema, "outbox");
+    let layout = Layout {
+        table: table.clone(),
+        display: format!("{schema}.outbox"),
+        oid: oid.clone(),
+        col: Columns::plain(),
+        item: format!(
+            "t.id::text AS id, t.topic AS topic, t.key AS key, t.kind AS kind, \
+             t.headers::text AS headers, t.payload AS payload, {} AS created_at",
+            micros_of("t.created_at")
+        ),
+        scope: None,
+    };
+    let enqueue = |notify: Option<&str>| {
+        format!(
+            "WITH guard AS MATERIALIZED (
+  SELECT CASE WHEN $3::text IS NULL THEN false
+         ELSE (SELECT true FROM pg_advisory_xact_lock({KEY_CLASS}, hashtext($3::text) # {oid}))
+         END AS keyed{notify}
+)
+INSERT INTO {table} (id, topic, key, kind, headers, payload, created_at)
+SELECT $1::uuid, $2, $3, $4, $5::jsonb, $6, {created} FROM guard
+ON CONFLICT DO NOTHING
+RETURNING seq",
+            notify = notify_from(notify),
+            created = micros_param(7),
+        )
+    };
+    let channel = derived(schema, "outbox");
+    OutboxSql {
+        enqueue: enqueue(None).into(),
+        enqueue_notify: enqueue(Some(&channel)).into(),
+        channel,
+        topic_prefix: None,
+        json_payload: false,
+        ..admin(&layout, "t.created_at")
+    }
+}
+
+/// The names of a Debezium-style table.
+pub(crate) fn debezium(layout_options: &DebeziumLayout) -> OutboxSql {
+    let (schema, name) = (layout_options.schema(), layout_options.name());
+    let table = qualified(schema, name);
+    let oid = table_oid(schema, name);
+    let prefix = layout_options.prefix();
+    let created = match layout_options.timestamp() {
+        Some(column) => format!("coalesce(t.{}, t.oncebox_created_at)", quote(column)),
+        None => "t.oncebox_created_at".to_owned(),
+    };
+    let payload_read = match layout_options.payload_type() {
+        DebeziumPayload::Bytea => "coalesce(t.payload, ''::bytea)".to_owned(),
+        _ => "coalesce(convert_to(t.payload::text, 'UTF8'), ''::bytea)".to_owned(),
+    };
+    let payload_write = match layout_options.payload_type() {
+        DebeziumPayload::Bytea => "$6".to_owned(),
+        DebeziumPayload::Json => "convert_from($6, 'UTF8')::json".to_owned(),
+        _ => "convert_from($6, 'UTF8')::jsonb".to_owned(),
+    };
+    let mut col = Columns::prefixed("oncebox_");
+    col.key = "aggregateid".to_owned();
+    let layout = Layout {
+        table: table.clone(),
+        display: format!("{schema}.{name}"),
+        oid,
+        col,
+        item: format!(
+            "t.id::text AS id, {prefix} || t.aggregatetype::text AS topic, \
+             NULLIF(t.aggregateid::text, '') AS key, coalesce(t.\"type\"::text, '') AS kind, \
+             coalesce(t.oncebox_headers::text, '{{}}') AS headers, {payload_read} AS payload, \
+             {created_us} AS created_at",
+            prefix = literal(prefix),
+            created_us = micros_of(&created),
+        ),
+        scope: None,
+    };
+    let created_column = match layout_options.timestamp() {
+        Some(column) => quote(column),
+        None => "oncebox_created_at".to_owned(),
+    };
+    // The table's trigger takes the key lock and allocates `oncebox_seq`, for every
+    // producer; oncebox's own enqueue only inserts.
+    let enqueue = |notify: Option<&str>| {
+        format!(
+            "WITH guard AS MATERIALIZED (SELECT 1 AS one{notify})
+INSERT INTO {table} (id, aggregatetype, aggregateid, \"type\", payload, oncebox_headers, {created_column})
+SELECT $1::uuid, $2, coalesce($3, ''), $4, {payload_write}, $5::jsonb, {created} FROM guard
+ON CONFLICT DO NOTHING
+RETURNING oncebox_seq",
+            notify = notify_from(notify),
+            created = micros_param(7),
+        )
+    };
+    let channel = derived(&format!("{schema}_{name}"), "outbox");
+    OutboxSql {
+        enqueue: enqueue(None).into(),
+        enqueue_notify: enqueue(Some(&channel)).into(),
+        channel,
+        topic_prefix: Some(prefix.to_owned()),
+        json_payload: !matches!(layout_options.payload_type(), DebeziumPayload::Bytea),
+        ..admin(&layout, &created)
+    }
+}
+
+/// ` FROM pg_notify('channel', '')`: evaluated once per enqueue, in its transaction.
+fn notify_from(channel: Option<&str>) -> String {
+    match channel {
+        Some(channel) => format!(" FROM pg_notify({}, '') AS notified", literal(channel)),
+        None => String::new(),
+    }
+}
+
+/// The statements every layout shares; `created` is the creation time over alias `t`.
+fn admin(layout: &Layout, created: &str) -> OutboxSql {
+    let c = &layout.col;
+    let t = &layout.table;
+    OutboxSql {
+        spool: Arc::new(SpoolSql::build(layout)),
+        enqueue: Arc::from(""),
+        enqueue_notify: Arc::from(""),
+        lock: format!(
+            "SELECT pg_advisory_xact_lock({CLAIM_CLASS}, {})",
+            lock_key(layout, 1)
+        )
+        .into(),
+        replay: format!(
+            "UPDATE {t} AS t
+SET {status} = 'pending', {attempts} = 0, {available_at} = statement_timestamp(),
+    {dead_at} = NULL, {lease_token} = NULL,
+    {lease_until} = (
+      SELECT max(p.{lease_until}) FROM {t} AS p
+      WHERE p.{key} = t.{key} AND p.{status} = 'pending'
+        AND p.{lease_until} > statement_timestamp())
+WHERE t.id = $1::uuid AND t.{status} = 'dead'",
+            status = c.status,
+            attempts = c.attempts,
+            available_at = c.available_at,
+            dead_at = c.dead_at,
+            lease_token = c.lease_token,
+            lease_until = c.lease_until,
+            key = c.key,
+        )
+        .into(),
+        stats: format!(
+            "SELECT
+  (SELECT count(*) FROM {t} WHERE {status} = 'pending') AS pending,
+  (SELECT count(*) FROM {t} WHERE {status} = 'done') AS done,
+  (SELECT count(*) FROM {t} WHERE {status} = 'dead') AS dead,
+  (SELECT (extract(epoch FROM statement_timestamp() - {created}) * 1000000)::bigint
+   FROM {t} AS t WHERE t.{status} = 'pending' ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
+            status = c.status,
+            seq = c.seq,
+        )
+        .into(),
+        dead_letters: format!(
+            "SELECT t.{seq} AS seq, t.{attempts} AS attempts, {item},
+       t.{last_error} AS last_error, {dead_at} AS dead_at
+FROM {t} AS t WHERE t.{status} = 'dead' ORDER BY t.{seq} LIMIT $1",
+            seq = c.seq,
+            attempts = c.attempts,
+            item = layout.item,
+            last_error = c.last_error,
+            dead_at = micros_of(&format!("t.{}", c.dead_at)),
+            status = c.status,
+        )
+        .into(),
+        status: format!(
+            "SELECT t.{seq} AS seq, t.{status} AS status, t.{attempts} AS attempts,
+       t.{last_error} AS last_error, {available_at} AS available_at,
+       {lease_until} AS lease_until, {done_at} AS done_at, {dead_at} AS dead_at
+FROM {t} AS t WHERE t.id = $1::uuid",
+            seq = c.seq,
+            status = c.status,
+            attempts = c.attempts,
+            last_error = c.last_error,
+            available_at = micros_of(&format!("t.{}", c.available_at)),
+            lease_until = micros_of(&format!("t.{}", c.lease_until)),
+            done_at = micros_of(&format!("t.{}", c.done_at)),
+            dead_at = micros_of(&format!("t.{}", c.dead_at)),
+        )
+        .into(),
+        table: t.clone(),
+        channel: String::new(),
+        topic_prefix: None,
+        json_payload: false,
+    }
+}
+
+impl std::fmt::Debug for OutboxSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxSql")
+            .field("table", &self.table)
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}

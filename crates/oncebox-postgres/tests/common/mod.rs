@@ -1,0 +1,158 @@
+//! Helpers shared by the backend's tests: a fresh schema per test on the real server.
+//!
+//! Tests read the server's URL from `ONCEBOX_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). Each test migrates a schema of its own
+//! (`t_<uuid>`) and drops it when its [`TestDb`] is dropped, so tests run in parallel and
+//! rerun cleanly. At most [`PARALLEL_TESTS`] tests of one test binary hold a database at
+//! once, each with a small pool, so `cargo test` stays far below the server's
+//! `max_connections` whatever `--test-threads` says.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use oncebox_core::Message;
+use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, SpoolStore};
+use oncebox_postgres::{PgOutbox, PgStore};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const PARALLEL_TESTS: usize = 4;
+pub const LONG: Duration = Duration::from_secs(60);
+
+static SLOTS: Semaphore = Semaphore::const_new(PARALLEL_TESTS);
+
+pub fn url() -> String {
+    std::env::var("ONCEBOX_PG_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+pub fn unique_schema() -> String {
+    format!("t_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A migrated schema of its own, dropped (best effort) with this value. The pool's
+/// connections have the schema first on their `search_path`, so test SQL may leave
+/// names unqualified.
+pub struct TestDb {
+    pub store: PgStore,
+    pub schema: String,
+    _slot: SemaphorePermit<'static>,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::with_connections(6).await
+    }
+
+    pub async fn with_connections(connections: u32) -> Self {
+        let slot = SLOTS
+            .acquire()
+            .await
+            .expect("the test semaphore is never closed");
+        let schema = unique_schema();
+        let options: PgConnectOptions = url().parse().expect("a valid ONCEBOX_PG_URL");
+        let options = options.options([("search_path", format!("{schema},public"))]);
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await
+            .expect("connect to PostgreSQL (set ONCEBOX_PG_URL)");
+        let store = PgStore::from_pool(pool)
+            .with_schema(&schema)
+            .expect("a valid schema name");
+        store.migrate().await.expect("migrate");
+        Self {
+            store,
+            schema,
+            _slot: slot,
+        }
+    }
+
+    /// Runs `sql` (no parameters) on the pool.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        drop_schema(self.schema.clone());
+    }
+}
+
+/// Drops `schema` on a connection of its own, from a thread of its own (drop cannot
+/// await), waiting at most a few seconds for locks.
+pub fn drop_schema(schema: String) {
+    let dropper = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            let Ok(mut conn) = PgConnection::connect(&url()).await else {
+                return;
+            };
+            let sql =
+                format!("SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+            if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+            {
+                eprintln!("could not drop test schema {schema}: {error}");
+            }
+            let _ = conn.close().await;
+        });
+    });
+    let _ = dropper.join();
+}
+
+/// A message whose payload is its label.
+pub fn msg(key: Option<&str>, label: &str) -> Message {
+    let message = Message::new("orders", label.to_owned()).with_kind("OrderPlaced");
+    match key {
+        Some(key) => message.with_key(key),
+        None => message,
+    }
+}
+
+pub fn label(message: &Message) -> String {
+    String::from_utf8_lossy(&message.payload).into_owned()
+}
+
+pub fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
+    rows.iter().map(|r| label(&r.item)).collect()
+}
+
+/// Enqueues `messages` in one committed transaction.
+pub async fn enqueue(outbox: &PgOutbox, store: &PgStore, messages: &[Message]) {
+    let mut tx = store.pool().begin().await.expect("begin");
+    for message in messages {
+        outbox.enqueue(&mut tx, message).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+pub async fn claim(
+    outbox: &PgOutbox,
+    limit: usize,
+    lease: Duration,
+) -> (LeaseToken, Vec<Claimed<Message>>) {
+    let request = ClaimRequest {
+        token: LeaseToken::new(),
+        limit,
+        lease,
+    };
+    let rows = outbox.claim(&request).await.expect("claim");
+    for row in &rows {
+        assert_eq!(row.token, request.token);
+    }
+    (request.token, rows)
+}

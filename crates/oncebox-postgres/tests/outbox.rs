@@ -1,0 +1,477 @@
+//! The outbox beyond the conformance suite: wake-ups, delete on publish, admin calls,
+//! schemas, raw SQL and bad input.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use oncebox_core::memory::MemoryBroker;
+use oncebox_core::spool::{Settle, Settlement, Spool, SpoolOptions, SpoolStore};
+use oncebox_core::{Error, Limits, Message};
+use oncebox_postgres::{PgStore, RowStatus};
+use sqlx::postgres::PgPoolOptions;
+
+use common::{LONG, TestDb, claim, enqueue, labels, msg};
+
+fn done(rows: &[oncebox_core::spool::Claimed<Message>]) -> Vec<Settlement> {
+    rows.iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: Settle::Done,
+        })
+        .collect()
+}
+
+/// With NOTIFY, a relay polling every 30 s publishes a message within moments of its
+/// commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn notify_wakes_a_relay_before_its_poll_interval() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox().with_notify(true);
+    let broker = MemoryBroker::new();
+    let poll = Duration::from_secs(30);
+    let options = SpoolOptions::new()
+        .poll_interval(poll, poll)
+        .dispatch_timeout(Duration::from_secs(5));
+    let relay = Spool::relay(outbox.clone(), broker.publisher(), options).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    // Let the relay make its first (empty) claim, start listening and go to sleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for round in 0..3 {
+        let message = msg(Some("k"), &format!("m{round}"));
+        let committed = Instant::now();
+        enqueue(&outbox, &db.store, std::slice::from_ref(&message)).await;
+        loop {
+            if broker
+                .published("orders")
+                .iter()
+                .any(|m| m.id == message.id)
+            {
+                break;
+            }
+            assert!(
+                committed.elapsed() < Duration::from_secs(10),
+                "round {round}: not published within 10 s of the commit (poll interval {poll:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        eprintln!(
+            "round {round}: published {:?} after the commit",
+            committed.elapsed()
+        );
+    }
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+}
+
+/// A listener whose connection is killed reconnects: relays keep waking on commits.
+#[tokio::test(flavor = "multi_thread")]
+async fn notify_survives_a_killed_listener_connection() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox().with_notify(true);
+    let broker = MemoryBroker::new();
+    let poll = Duration::from_secs(30);
+    let options = SpoolOptions::new()
+        .poll_interval(poll, poll)
+        .dispatch_timeout(Duration::from_secs(5));
+    let relay = Spool::relay(outbox.clone(), broker.publisher(), options).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listen = format!("LISTEN \"{}\"", outbox.channel());
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1",
+    )
+    .bind(listen)
+    .fetch_all(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        killed,
+        [true],
+        "the listener's connection was found and killed"
+    );
+    // The listener notices, waits half a second and listens again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let message = msg(Some("k"), "after the kill");
+    let committed = Instant::now();
+    enqueue(&outbox, &db.store, std::slice::from_ref(&message)).await;
+    while !broker
+        .published("orders")
+        .iter()
+        .any(|m| m.id == message.id)
+    {
+        assert!(
+            committed.elapsed() < Duration::from_secs(10),
+            "not published within 10 s of the commit (poll interval {poll:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+}
+
+/// Without NOTIFY, `wake` wakes a relay of the same process.
+#[tokio::test(flavor = "multi_thread")]
+async fn wake_ends_a_wait_at_once() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let waiter = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            outbox.wait_for_work(Duration::from_secs(30)).await;
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    outbox.wake();
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .unwrap();
+    assert!(waited < Duration::from_secs(5));
+}
+
+/// With delete on publish, done rows are deleted; retries and dead rows stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_on_publish_deletes_done_rows_only() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox().delete_on_publish(true);
+    let (a, b, c) = (msg(None, "a"), msg(None, "b"), msg(None, "c"));
+    enqueue(&outbox, &db.store, &[a.clone(), b.clone(), c.clone()]).await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    let settlements = vec![
+        Settlement {
+            seq: rows[0].seq,
+            outcome: Settle::Done,
+        },
+        Settlement {
+            seq: rows[1].seq,
+            outcome: Settle::Retry {
+                at: SystemTime::now() + LONG,
+                error: "later".into(),
+            },
+        },
+        Settlement {
+            seq: rows[2].seq,
+            outcome: Settle::Dead {
+                reason: "never".into(),
+            },
+        },
+    ];
+    // A stale token deletes nothing.
+    outbox
+        .settle(oncebox_core::spool::LeaseToken::new(), &settlements)
+        .await
+        .unwrap();
+    assert!(outbox.status(a.id).await.unwrap().is_some());
+    outbox.settle(token, &settlements).await.unwrap();
+    assert!(
+        outbox.status(a.id).await.unwrap().is_none(),
+        "a was deleted"
+    );
+    assert_eq!(
+        outbox.status(b.id).await.unwrap().unwrap().status,
+        RowStatus::Pending
+    );
+    assert_eq!(
+        outbox.status(c.id).await.unwrap().unwrap().status,
+        RowStatus::Dead
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.done, stats.dead), (1, 0, 1));
+}
+
+/// Counts, the oldest pending age, dead letters with their reason, undecodable rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_calls_and_undecodable_rows() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let empty = outbox.stats().await.unwrap();
+    assert_eq!((empty.pending, empty.done, empty.dead), (0, 0, 0));
+    assert_eq!(empty.oldest_pending_age, None);
+    let mut old = msg(Some("k"), "old");
+    old.created_at = SystemTime::now() - Duration::from_secs(60);
+    enqueue(&outbox, &db.store, &[old.clone(), msg(None, "new")]).await;
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.pending, 2);
+    let age = stats.oldest_pending_age.unwrap();
+    assert!(
+        age >= Duration::from_secs(59) && age < Duration::from_secs(120),
+        "{age:?}"
+    );
+
+    // A row written by something other than oncebox, with headers that are not strings.
+    db.exec(
+        "INSERT INTO outbox (id, topic, headers, payload)
+         VALUES (gen_random_uuid(), 'orders', '{\"n\": 1}', '\\x00')",
+    )
+    .await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(
+        labels(&rows),
+        ["old", "new"],
+        "the undecodable row is not handed out"
+    );
+    outbox.settle(token, &done(&rows)).await.unwrap();
+    let dead = outbox.dead_letters(10).await;
+    let error = dead.expect_err("the dead row cannot be decoded either");
+    assert!(error.to_string().contains("headers"), "{error}");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.done, stats.dead), (0, 2, 1));
+    db.exec("DELETE FROM outbox WHERE status = 'dead'").await;
+
+    let poison = msg(Some("p"), "poison");
+    enqueue(&outbox, &db.store, std::slice::from_ref(&poison)).await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    let dead = Settlement {
+        seq: rows[0].seq,
+        outcome: Settle::Dead {
+            reason: "refused by the broker".into(),
+        },
+    };
+    outbox.settle(token, &[dead]).await.unwrap();
+    let letters = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].id, poison.id);
+    assert_eq!(
+        letters[0].message,
+        poison_without_nanos(&poison, &letters[0].message)
+    );
+    assert_eq!(letters[0].reason, "refused by the broker");
+    assert_eq!(letters[0].attempts, 1);
+    let state = outbox.status(poison.id).await.unwrap().unwrap();
+    assert_eq!(state.status, RowStatus::Dead);
+    assert!(state.settled_at.is_some());
+}
+
+/// The stored creation time keeps microseconds; compare the rest exactly.
+fn poison_without_nanos(sent: &Message, stored: &Message) -> Message {
+    let mut expected = sent.clone();
+    expected.created_at = stored.created_at;
+    let drift = sent
+        .created_at
+        .duration_since(stored.created_at)
+        .unwrap_or_default();
+    assert!(
+        drift < Duration::from_micros(1),
+        "created_at drifted by {drift:?}"
+    );
+    expected
+}
+
+/// A duplicate id leaves the transaction usable; bad input is a typed error and writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicates_and_bad_input_keep_the_transaction_usable() {
+    let db = TestDb::new().await;
+    let outbox = db
+        .store
+        .outbox()
+        .with_limits(Limits::new().max_payload_bytes(8));
+    let first = msg(Some("k"), "first");
+    enqueue(&outbox, &db.store, std::slice::from_ref(&first)).await;
+    let mut tx = db.store.pool().begin().await.unwrap();
+    let err = outbox.enqueue(&mut tx, &first).await.unwrap_err();
+    assert!(err.is_duplicate(), "{err}");
+    let err = outbox
+        .enqueue(&mut tx, &msg(None, "much too large"))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+    let mut nul = msg(Some("k\0ey"), "nul");
+    nul.topic = "orders".into();
+    let err = outbox.enqueue(&mut tx, &nul).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Store {
+                transient: false,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let after = msg(Some("k"), "after");
+    outbox
+        .enqueue(&mut tx, &after)
+        .await
+        .expect("the transaction is still usable");
+    tx.commit().await.unwrap();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.pending, 2);
+}
+
+/// Two stores in two schemas of one database see only their own rows; each schema has
+/// its own migrations table; migrating again changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn schemas_are_isolated() {
+    let db = TestDb::new().await;
+    let other_schema = common::unique_schema();
+    let other = db.store.clone().with_schema(&other_schema).unwrap();
+    assert_eq!(other.schema(), other_schema);
+    other.migrate().await.unwrap();
+    other.migrate().await.unwrap();
+    db.store.migrate().await.unwrap();
+    let a = db.store.outbox();
+    let b = other.outbox();
+    assert_ne!(a.table(), b.table());
+    enqueue(&a, &db.store, &[msg(Some("k"), "in a")]).await;
+    enqueue(&b, &other, &[msg(Some("k"), "in b")]).await;
+    let (_, rows) = claim(&b, 10, LONG).await;
+    assert_eq!(labels(&rows), ["in b"]);
+    let (_, rows) = claim(&a, 10, LONG).await;
+    assert_eq!(labels(&rows), ["in a"]);
+    for schema in [db.schema.as_str(), other_schema.as_str()] {
+        let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\"._oncebox_migrations"
+        )))
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(applied, 1, "{schema}");
+    }
+    common::drop_schema(other_schema);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_schema_names_are_refused() {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy(&common::url())
+        .unwrap();
+    let store = PgStore::from_pool(pool);
+    assert_eq!(store.schema(), "oncebox");
+    assert!(store.outbox().table().contains("\"oncebox\".\"outbox\""));
+    for bad in [
+        "",
+        "Upper",
+        "1st",
+        "with space",
+        "semi;colon",
+        "quote\"d",
+        "pg_catalog",
+        "dash-ed",
+        &"x".repeat(64),
+    ] {
+        let err = store.clone().with_schema(bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidOptions(_)), "{bad:?}: {err}");
+    }
+    assert!(oncebox_postgres::schema_sql("bad name").is_err());
+    assert!(oncebox_postgres::migrator("bad name").is_err());
+}
+
+/// The shipped raw SQL, with the schema filled in, builds the same tables, and the
+/// stores work on them.
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_sql_builds_working_tables() {
+    let db = TestDb::new().await;
+    let schema = common::unique_schema();
+    let sql = oncebox_postgres::schema_sql(&schema).unwrap();
+    assert!(!sql.contains(oncebox_postgres::SCHEMA_PLACEHOLDER));
+    assert!(oncebox_postgres::SCHEMA_V1.contains(":\"schema\".outbox"));
+    db.exec(&sql).await;
+    db.exec(&sql).await; // idempotent
+    let store = db.store.clone().with_schema(&schema).unwrap();
+    let outbox = store.outbox();
+    enqueue(&outbox, &store, &[msg(Some("k"), "raw")]).await;
+    let (_, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&rows), ["raw"]);
+    common::drop_schema(schema);
+}
+
+/// `settle_and_claim` settles, then claims in the same transaction: the claim sees the
+/// settlements (a key settled done is claimed further, a key settled for retry stays
+/// blocked), settlements under a stale token are ignored, and the result is what
+/// `settle` then `claim` would give.
+#[tokio::test(flavor = "multi_thread")]
+async fn settle_and_claim_sees_its_settlements() {
+    use oncebox_core::spool::{ClaimRequest, LeaseToken};
+
+    for delete_done in [false, true] {
+        let db = TestDb::new().await;
+        let outbox = db.store.outbox().delete_on_publish(delete_done);
+        let messages = [
+            msg(Some("a"), "a1"),
+            msg(Some("b"), "b1"),
+            msg(Some("a"), "a2"),
+            msg(Some("b"), "b2"),
+            msg(None, "u1"),
+        ];
+        enqueue(&outbox, &db.store, &messages).await;
+
+        // First claim: the window takes the first row of each key (limit 2).
+        let (token, rows) = claim(&outbox, 2, LONG).await;
+        assert_eq!(labels(&rows), ["a1", "b1"]);
+
+        // a1 done, b1 retried later: the next claim may take a2, not b2.
+        let settlements = vec![
+            Settlement {
+                seq: rows[0].seq,
+                outcome: Settle::Done,
+            },
+            Settlement {
+                seq: rows[1].seq,
+                outcome: Settle::Retry {
+                    at: SystemTime::now() + Duration::from_secs(3600),
+                    error: "broker down".to_owned(),
+                },
+            },
+        ];
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let next = outbox
+            .settle_and_claim(token, &settlements, &request)
+            .await
+            .expect("settle and claim");
+        assert_eq!(labels(&next), ["a2", "u1"], "delete_done {delete_done}");
+        assert!(next.iter().all(|row| row.token == request.token));
+
+        // A stale token settles nothing: a2 and u1 stay leased to the second claim.
+        let stale = done(&next);
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let none = outbox
+            .settle_and_claim(LeaseToken::new(), &stale, &request)
+            .await
+            .expect("settle and claim");
+        assert!(none.is_empty(), "got {:?}", labels(&none));
+
+        // The real token settles them; nothing else is due (b1 waits, b2 behind it).
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let none = outbox
+            .settle_and_claim(next[0].token, &done(&next), &request)
+            .await
+            .expect("settle and claim");
+        assert!(none.is_empty(), "got {:?}", labels(&none));
+        let stats = outbox.stats().await.expect("stats");
+        let expected_done = if delete_done { 0 } else { 3 };
+        assert_eq!(stats.done, expected_done, "delete_done {delete_done}");
+        assert_eq!(stats.pending, 2, "delete_done {delete_done}");
+        drop(db);
+    }
+}
