@@ -72,11 +72,13 @@
 //! |---|---|---|
 //! | (always) | `oncebox-core` | model, traits, engines, in-memory dedup store and broker |
 //! | `sqlite` (default) | `oncebox-sqlite` | outbox, inbox, durable inbox and dedup stores on SQLite |
+//! | `postgres` | `oncebox-postgres` | the same stores on PostgreSQL, several relays in per-key commit order, `LISTEN/NOTIFY` wake-ups, the Debezium outbox layout |
 //! | `redis` | `oncebox-redis` | the idempotent receiver's dedup store on Redis |
 //! | `http` | `oncebox-http` | the Idempotency-Key tower layer over any dedup store |
+//! | `full` | all of the above | |
 //!
-//! PostgreSQL, MySQL, Redis and the broker transports (NATS JetStream, RabbitMQ, Kafka,
-//! Redis Streams) come as crates of their own, so a build compiles only what it uses.
+//! MySQL and the broker transports (NATS JetStream, RabbitMQ, Kafka, Redis Streams) are
+//! planned as crates of their own, so a build compiles only what it uses.
 //!
 //! # Guides
 //!

@@ -5,7 +5,7 @@
 //! and ends with an audit of every order's charges.
 //!
 //! `oncebox bench` measures the engines against baselines doing the same work without
-//! them (`relay`, `latency`, `consumer`).
+//! them (`relay`, `latency`, `consumer`, `http`, `dedup`).
 
 mod bench;
 mod demo;
@@ -27,7 +27,8 @@ struct Cli {
 enum Command {
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
-    /// Benchmark the relay, its latency and the inbox against baselines without them.
+    /// Benchmark the relay, its latency, the inbox, the HTTP layer and the dedup stores
+    /// against baselines without them.
     Bench(bench::BenchArgs),
 }
 
