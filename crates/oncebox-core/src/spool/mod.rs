@@ -17,11 +17,13 @@
 //! its rows leased until the lease ends, then another takes them over; rows it had
 //! delivered but not settled are delivered again (at least once; consumers deduplicate).
 
+mod admin;
 mod engine;
 mod options;
 mod sink;
 mod store;
 
+pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
 pub use engine::{BatchReport, DeadLetterHook, Relay, Spool};
 pub use options::SpoolOptions;
 pub use sink::{PublishSink, Sink};

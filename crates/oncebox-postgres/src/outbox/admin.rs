@@ -1,7 +1,5 @@
 //! What operators ask of the outbox: counts, dead letters, replay, one row's state.
 
-use std::time::{Duration, SystemTime};
-
 use oncebox_core::{Error, Message, MessageId, Result};
 use sqlx::Row;
 
@@ -10,72 +8,7 @@ use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::{SpoolRow, query, sql_limit};
 use crate::time::{from_micros, micros_duration};
 
-/// Counts of outbox rows by status, and how long the oldest pending message has waited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Rows waiting to be published (including rows being retried and rows leased to a
-    /// relay right now).
-    pub pending: u64,
-    /// Rows published and kept until retention purges them.
-    pub done: u64,
-    /// Rows given up on.
-    pub dead: u64,
-    /// Age of the first pending row in commit order (from its creation time, measured on
-    /// the database's clock); `None` when nothing is pending.
-    pub oldest_pending_age: Option<Duration>,
-}
-
-/// A dead-lettered outbox message, with why it was given up.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct DeadLetter {
-    /// The row's position in commit order.
-    pub seq: i64,
-    /// The message id (also in `message`).
-    pub id: MessageId,
-    /// The message as enqueued.
-    pub message: Message,
-    /// Attempts made, the last one included.
-    pub attempts: u32,
-    /// Why it was given up (the last error).
-    pub reason: String,
-    /// When it was given up.
-    pub dead_at: SystemTime,
-}
-
-/// Where an outbox row stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RowStatus {
-    /// Waiting to be published (possibly leased to a relay, or waiting for a retry).
-    Pending,
-    /// Published.
-    Done,
-    /// Given up.
-    Dead,
-}
-
-/// The state of one outbox row, as [`PgOutbox::status`] reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RowState {
-    /// The row's position in commit order.
-    pub seq: i64,
-    /// Pending, done or dead.
-    pub status: RowStatus,
-    /// Failed attempts so far (for a dead row, the last one included).
-    pub attempts: u32,
-    /// The last failure; for a dead row, the reason it was given up. Kept when a dead row
-    /// is replayed.
-    pub last_error: Option<String>,
-    /// When a pending row becomes claimable.
-    pub available_at: SystemTime,
-    /// Until when a relay holds the row, if one claimed it (the lease may have ended).
-    pub leased_until: Option<SystemTime>,
-    /// When the row was published or given up.
-    pub settled_at: Option<SystemTime>,
-}
+pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 impl PgOutbox {
     /// Counts rows by status and measures the oldest pending age, in one statement. Each
