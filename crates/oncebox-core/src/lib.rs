@@ -35,7 +35,7 @@ pub mod store;
 pub mod time;
 
 pub use backoff::Backoff;
-pub use error::{BoxError, Error, InvalidMessage, Result};
+pub use error::{BoxError, Error, InvalidMessage, Result, RowDecodeError};
 pub use headers::{Headers, TRACEPARENT};
 pub use message::{Limits, Message, MessageId};
 pub use received::{Coordinates, Received};

@@ -47,75 +47,7 @@ pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
         .is_some_and(|db| db.is_unique_violation())
 }
 
-/// A row read back from a oncebox table could not be turned into its Rust value: a
-/// column holds the wrong type, an invalid id, malformed header JSON, a negative count.
-///
-/// Rows written by oncebox always decode; this error means something else wrote the
-/// table (a producer in another language, a manual edit). It reaches callers as the
-/// source of a permanent [`Error::Store`], naming the table, the row and the column, so
-/// the row can be found and repaired. The relay does not stop on such a row: it marks it
-/// dead with this error as the reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowDecodeError {
-    table: &'static str,
-    row: String,
-    column: &'static str,
-    reason: String,
-}
-
-impl RowDecodeError {
-    pub(crate) fn new(
-        table: &'static str,
-        row: impl fmt::Display,
-        column: &'static str,
-        reason: impl fmt::Display,
-    ) -> Self {
-        Self {
-            table,
-            row: row.to_string(),
-            column,
-            reason: reason.to_string(),
-        }
-    }
-
-    /// The table the row is in.
-    pub fn table(&self) -> &str {
-        self.table
-    }
-
-    /// The row, as `seq N` or `id X`.
-    pub fn row(&self) -> &str {
-        &self.row
-    }
-
-    /// The column that failed to decode.
-    pub fn column(&self) -> &str {
-        self.column
-    }
-
-    /// What is wrong with the value.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-}
-
-impl fmt::Display for RowDecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "row {} of {}: column {} cannot be decoded: {}",
-            self.row, self.table, self.column, self.reason
-        )
-    }
-}
-
-impl std::error::Error for RowDecodeError {}
-
-impl From<RowDecodeError> for Error {
-    fn from(error: RowDecodeError) -> Self {
-        Error::store_permanent(error)
-    }
-}
+pub use oncebox_core::RowDecodeError;
 
 /// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names
 /// the row.
