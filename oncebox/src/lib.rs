@@ -73,16 +73,22 @@
 //! | (always) | `oncebox-core` | model, traits, engines, in-memory dedup store and broker |
 //! | `sqlite` (default) | `oncebox-sqlite` | outbox, inbox, durable inbox and dedup stores on SQLite |
 //! | `postgres` | `oncebox-postgres` | the same stores on PostgreSQL, several relays in per-key commit order, `LISTEN/NOTIFY` wake-ups, the Debezium outbox layout |
-//! | `redis` | `oncebox-redis` | the idempotent receiver's dedup store on Redis |
+//! | `mysql` | `oncebox-mysql` | the same stores on MySQL 8 and MariaDB 10.6+ |
+//! | `redis` | `oncebox-redis` | the idempotent receiver's dedup store on Redis, and the Redis Streams transport |
+//! | `nats` | `oncebox-nats` | the NATS JetStream transport |
+//! | `rabbitmq` | `oncebox-rabbitmq` | the RabbitMQ transport |
+//! | `kafka` | `oncebox-kafka` | the Kafka transport (builds the bundled librdkafka) |
 //! | `http` | `oncebox-http` | the Idempotency-Key tower layer over any dedup store |
 //! | `full` | all of the above | |
 //!
-//! MySQL and the broker transports (NATS JetStream, RabbitMQ, Kafka, Redis Streams) are
-//! planned as crates of their own, so a build compiles only what it uses.
+//! Each backend and transport is a crate of its own, so a build compiles only what it
+//! uses: NATS compiles neither lapin nor librdkafka.
 //!
 //! # Guides
 //!
 //! - [`guide::guarantees`]: what oncebox promises and how each promise is kept.
+//! - [`guide::natural_idempotency`]: making the effect itself idempotent in SQL
+//!   (PostgreSQL, MySQL/MariaDB), and the version-number strategy.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use oncebox_core::*;
@@ -96,9 +102,25 @@ pub use oncebox_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use oncebox_postgres as postgres;
 
-/// The Redis dedup store (feature `redis`).
+/// MySQL 8 and MariaDB 10.6+ stores (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use oncebox_mysql as mysql;
+
+/// The Redis dedup store and the Redis Streams transport (feature `redis`).
 #[cfg(feature = "redis")]
 pub use oncebox_redis as redis;
+
+/// The NATS JetStream transport (feature `nats`).
+#[cfg(feature = "nats")]
+pub use oncebox_nats as nats;
+
+/// The RabbitMQ transport (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use oncebox_rabbitmq as rabbitmq;
+
+/// The Kafka transport (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use oncebox_kafka as kafka;
 
 /// The Idempotency-Key layer for HTTP APIs (feature `http`).
 #[cfg(feature = "http")]
@@ -108,4 +130,6 @@ pub use oncebox_http as http;
 pub mod guide {
     #[doc = include_str!("docs/guarantees.md")]
     pub mod guarantees {}
+    #[doc = include_str!("docs/natural_idempotency.md")]
+    pub mod natural_idempotency {}
 }

@@ -40,7 +40,6 @@ fn check_comparison(report: &Value, messages: u64, rounds: usize) {
     let expected = number(report, "msgs_per_s") / number(report, "baseline_msgs_per_s");
     assert!((ratio - expected).abs() < 1e-9, "{report}");
     assert_eq!(report["messages"].as_u64(), Some(messages), "{report}");
-    assert_eq!(report["transport"], "memory", "{report}");
     let runs = report["runs"].as_array().expect("runs is an array");
     assert_eq!(runs.len(), 2 * rounds, "{report}");
     for (i, run) in runs.iter().enumerate() {
@@ -93,6 +92,7 @@ fn relay_on_sqlite_reports_engine_baseline_and_ratio() {
     let report = bench(&["relay", "--store", "sqlite", "--messages", "2000"]);
     assert_eq!(report["bench"], "relay", "{report}");
     assert_eq!(report["store"], "sqlite", "{report}");
+    assert_eq!(report["transport"], "memory", "{report}");
     assert_eq!(report["batch"].as_u64(), Some(256), "{report}");
     check_comparison(&report, 2000, 3);
 }
@@ -221,7 +221,7 @@ fn human_output_is_a_table_and_bad_flags_are_refused() {
 
     for bad in [
         &["relay", "--messages", "0"][..],
-        &["relay", "--store", "mysql"],
+        &["relay", "--store", "oracle"],
         &["relay", "--transport", "carrier-pigeon"],
         &["latency", "--wake", "sometimes"],
         &["latency", "--rate", "0"],
@@ -234,4 +234,63 @@ fn human_output_is_a_table_and_bad_flags_are_refused() {
             .expect("the oncebox binary runs");
         assert!(!out.status.success(), "{bad:?} was accepted");
     }
+}
+
+/// `bench relay` through each real broker the cli was built with: the relay and the
+/// raw client both publish every message (the run checks the broker's count) and the
+/// report compares them.
+fn relay_through(transport: &str) {
+    let report = bench(&[
+        "relay",
+        "--store",
+        "sqlite",
+        "--transport",
+        transport,
+        "--messages",
+        "2000",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(report["transport"], transport, "{report}");
+    check_comparison(&report, 2000, 1);
+}
+
+#[cfg(feature = "nats")]
+#[test]
+fn relay_through_nats() {
+    relay_through("nats");
+}
+
+#[cfg(feature = "rabbitmq")]
+#[test]
+fn relay_through_rabbitmq() {
+    relay_through("rabbitmq");
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn relay_through_kafka() {
+    relay_through("kafka");
+}
+
+#[cfg(feature = "redis-streams")]
+#[test]
+fn relay_through_redis_streams() {
+    relay_through("redis");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn relay_on_mysql_reports_engine_baseline_and_ratio() {
+    let report = bench(&[
+        "relay",
+        "--store",
+        "mysql",
+        "--messages",
+        "2000",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(report["store"], "mysql", "{report}");
+    check_comparison(&report, 2000, 1);
 }

@@ -33,6 +33,7 @@ pub mod memory;
 pub mod spool;
 pub mod store;
 pub mod time;
+pub mod wire;
 
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, InvalidMessage, Result, RowDecodeError};

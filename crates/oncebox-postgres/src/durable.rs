@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::ident::{KEY_CLASS, qualified, table_oid};
 use crate::spool::sql::Columns;
-use crate::spool::{Layout, SpoolRow, SpoolSql, SpoolTable, query};
+use crate::spool::{Hold, Layout, SpoolRow, SpoolSql, SpoolTable, query};
 use crate::time::{from_micros, micros_of, micros_param, to_micros};
 
 /// The durable inbox's statements, built once per schema.
@@ -107,7 +107,14 @@ impl PgDurableInbox {
     ) -> Self {
         let consumer: Arc<str> = Arc::from(consumer);
         Self {
-            table: SpoolTable::new(pool, Arc::clone(&sql.spool), Some(Arc::clone(&consumer))),
+            // Leased: `complete` updates claimed rows in the handler's transaction, which
+            // a claim's own open transaction would block.
+            table: SpoolTable::new(
+                pool,
+                Arc::clone(&sql.spool),
+                Some(Arc::clone(&consumer)),
+                Hold::Lease,
+            ),
             sql,
             consumer,
             wake,

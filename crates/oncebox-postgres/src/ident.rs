@@ -10,6 +10,12 @@ const MAX_IDENT: usize = 63;
 /// serialises the claims of one spool table ("oncb").
 pub(crate) const CLAIM_CLASS: i32 = 0x6f6e_6362;
 
+/// Advisory lock class of held claims: each held claim's transaction takes
+/// `pg_advisory_xact_lock_shared(HOLD_CLASS, <table>)`, so held claims do not wait for
+/// each other (nor for leased ones), and a replay, which takes it exclusively, waits for
+/// every held claim in flight ("onch").
+pub(crate) const HOLD_CLASS: i32 = 0x6f6e_6368;
+
 /// Advisory lock class of per-key enqueue locks:
 /// `pg_advisory_xact_lock(KEY_CLASS, hashtext(key) # <table oid>)` ("onck").
 pub(crate) const KEY_CLASS: i32 = 0x6f6e_636b;

@@ -80,48 +80,91 @@
 //! (sorted), as with any locks, or it may deadlock with another one (a transient error
 //! to retry).
 //!
-//! **Serialised claims.** `FOR UPDATE SKIP LOCKED` alone does not keep a key on one
-//! relay: two relays' snapshots can both see the first rows of a key unleased and each
-//! take part of it. So a claim starts with a transaction-scoped advisory lock on the
-//! table (`pg_advisory_xact_lock(class, table_oid)`), and its statements
-//! take their snapshots after it: each claim sees every earlier claim's leases. Claims
+//! **Claims hold their rows.** By default a claim is *held*: it locks its rows
+//! (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open while they are published,
+//! and their settlements (deleted or marked done, retried, dead-lettered) commit in that
+//! transaction; nothing is written at claim time, so each row is written once, as the
+//! raw `DELETE ... RETURNING` loop writes it. A claim that meets a row another claim
+//! holds skips it and cuts the row's key there. Held claims need no lock among
+//! themselves: a claim whose snapshot still shows another claim's rows free cannot lock
+//! them while that claim holds them, and once it committed finds them changed or gone
+//! (`FOR UPDATE` rechecks the newest version of a row), so it cuts the key there too.
+//! The claim transaction's idle timeout is its lease: a relay that stops talking loses
+//! its connection and its rows, and a relay that dies frees its rows at once (the server
+//! rolls its transaction back), where a leased claim's rows wait for the lease to end.
+//! The price: each claim in flight holds a pool connection, and an open transaction,
+//! until its rows are settled. See [`PgOutbox::with_held_claims`].
+//!
+//! A *leased* claim (the outbox with `with_held_claims(false)`, and the durable inbox,
+//! whose handlers complete claimed rows in transactions of their own) writes a lease
+//! (`lease_token`, `lease_until`) into its rows and commits at once; its settlement
+//! writes them again. `FOR UPDATE SKIP LOCKED` alone does not keep a key on one relay
+//! then: two relays' snapshots can both see the first rows of a key unleased and each
+//! take part of it. So a leased claim starts with a transaction-scoped advisory lock on
+//! the table (`pg_advisory_xact_lock(class, table_oid)`), and its statements take their
+//! snapshots after it: each leased claim sees every earlier one's leases. Leased claims
 //! are short (under ten milliseconds for 256 rows on a table of two million), so relays
 //! queue on the lock briefly and only to claim; publishing and settling run without it.
 //! The claim transaction's statement and idle timeouts are its lease, so a claim that
-//! stalls (a lost client) cannot hold the lock for longer than that. `FOR UPDATE SKIP
-//! LOCKED` stays, so a claim never waits on rows being settled, and after locking, a
-//! key keeps only the rows before its first row that could not be locked (or had changed
-//! since the claim's snapshot): each key's claimed rows stay a prefix even against
-//! changes the lock does not serialise, such as a settle in flight.
+//! stalls (a lost client) cannot hold the lock for longer than that. Held and leased
+//! relays may share a table and do not wait for each other: held claims take a lock of
+//! another class, shared.
 //!
-//! **The claim rule** is the SQLite backend's: a row is claimable if it is due, not under
-//! a live lease, and every earlier pending row of its key is claimable in the same claim,
-//! so each key's claimed rows are a prefix of its pending rows and a failing row holds
-//! back only its own key. A key with a live lease on any of its rows is not claimed at
-//! all. Leases and due times are read on the database's clock
-//! (`statement_timestamp()`), never the relays' clocks; a relay that dies leaves its rows
-//! until the lease ends, then another claims them (failover), and the dead relay's late
-//! settlements are refused by the lease token.
+//! Either way, `FOR UPDATE SKIP LOCKED` means a claim never waits on rows being settled,
+//! and after locking, a key keeps only the rows before its first row that could not be
+//! locked (or had changed since the claim's snapshot): each key's claimed rows stay a
+//! prefix even against changes no lock serialises, such as a settle in flight.
+//! [`PgOutbox::replay_dead`] takes both locks exclusively, so a replayed row is never
+//! published beside later rows of its key that a relay holds.
+//!
+//! **The claim rule** is the SQLite backend's: a row is claimable if it is due, not held
+//! by another claim, and every earlier pending row of its key is claimable in the same
+//! claim, so each key's claimed rows are a prefix of its pending rows and a failing row
+//! holds back only its own key. A key with a live lease on any of its rows is not claimed
+//! at all, and neither is a key whose first row another claim has locked. Leases and due
+//! times are read on the database's clock (`statement_timestamp()`), never the relays'
+//! clocks; a leased claim's relay that dies leaves its rows until the lease ends, then
+//! another claims them (failover), and the dead relay's late settlements are refused by
+//! the lease token. A held claim settled after its lease is rolled back instead (its
+//! rows are published again, as after an expired lease).
 //!
 //! # Claiming
 //!
-//! A claim is one transaction: the lock; **step 1**, one statement over a *window* of the
-//! first pending rows in commit order (adaptive: twice what the last claim needed, between
-//! two and four per row asked for, at least 512 and 1024 rows), where the
-//! rule is decided with one aggregate per key, the picked rows are locked `FOR UPDATE
-//! SKIP LOCKED` and leased; and, only when the window held fewer free rows than asked for
-//! and more rows are pending, **step 2**: a loose index scan of the pending keys (one
-//! probe per key, from a cursor that moves on with every claim) that takes the free keys
-//! with the oldest first rows and a fair share of each one's rows. Step 2 is what keeps
-//! claims fast when a few keys hold a large backlog and other relays hold those keys:
-//! a claim then finds the free keys behind the backlog in a few probes instead of walking
-//! it. The costs, measured on a table of 2,000,000 pending rows, are in
+//! A claim runs up to two steps: **step 1**, one statement over a *window* of the first
+//! pending rows in commit order (adaptive: twice what the last claim needed, between two
+//! and four per row asked for, at least 512 and 1024 rows), where the rule is decided
+//! with one aggregate per key and the picked rows are locked `FOR UPDATE SKIP LOCKED`;
+//! and, only when the window held fewer free rows than asked for and more rows are
+//! pending, **step 2**: a loose index scan of the pending keys (one probe per key, from a
+//! cursor that moves on with every claim) that takes the free keys with the oldest first
+//! rows and a fair share of each one's rows. Step 2 is what keeps claims fast when a few
+//! keys hold a large backlog and other relays hold those keys: a claim then finds the
+//! free keys behind the backlog in a few probes instead of walking it. A leased claim
+//! runs them after the lock, leases the rows it keeps and commits.
+//!
+//! A held claim first tries a **fast claim**, the raw relay loop's own: the first free
+//! rows in commit order, locked `FOR UPDATE SKIP LOCKED` up to the limit, then one range
+//! scan to check that no locked row has an earlier pending row of its key that the claim
+//! did not lock. With many keys and few relays that check passes and the claim is done,
+//! at little more than the cost of the raw loop's `DELETE ... RETURNING`; if it fails,
+//! the claim rolls back (it locked rows it must not hold) and runs step 1 and step 2,
+//! and the next few claims go straight there. In step 1 a held claim locks each key's
+//! first row before the key's later rows (in step 2, as it picks the keys), so that a key
+//! another claim holds costs one skipped row and the claim locks little it does not keep.
+//! Held claims lock and settle rows by `ctid` (TID scans): their transaction holds the
+//! rows, so the rows cannot move. Statements whose only values are limits have them
+//! written in rather than bound, so that each connection plans them once. The costs,
+//! measured on a table of 2,000,000 pending rows, are in
 //! [`PgOutbox`'s `claim`](PgOutbox#method.claim).
 //!
 //! Settling is one statement per batch (`UPDATE ... FROM unnest(...)`, filtered by the
-//! lease token), retention deletes done rows in bounded batches on a partial index
-//! (`DELETE ... WHERE seq IN (SELECT ... LIMIT n)`), and [`PgOutbox::delete_on_publish`]
-//! deletes rows as they are published.
+//! lease token for a leased claim), retention deletes done rows in bounded batches on a
+//! partial index (`DELETE ... WHERE seq IN (SELECT ... LIMIT n)`), and
+//! [`PgOutbox::delete_on_publish`] deletes rows as they are published. A relay settles a
+//! full batch and claims the next in one store call: for a held claim whose rows were all
+//! delivered, the settlement (the rows' places written into the statement), the
+//! `COMMIT` and the next claim's `BEGIN` travel as one message, then the claim follows:
+//! two round trips per batch; for leased ones, one transaction.
 //!
 //! # Wake-ups and the cost of `NOTIFY`
 //!
@@ -168,9 +211,14 @@
 //! cannot be read back is a permanent store error whose source is a [`RowDecodeError`];
 //! a relay that claims such a row marks it dead with that reason instead of stopping.
 //!
-//! Each claim holds one pool connection for its transaction. An outbox with
+//! A held claim holds one pool connection from its claim to its settlement: a relay holds
+//! one while it publishes a batch, so give the pool a connection per relay beside what
+//! the application needs. A leased claim holds one only while it claims. An outbox with
 //! `with_notify(true)` listens on one more connection, outside the pool, shared by all
-//! clones of the outbox (and of the [`PgStore`] it came from).
+//! clones of the outbox (and of the [`PgStore`] it came from). Held claims are kept by
+//! the outbox handle (and its clones) that made them: dropping every clone rolls them
+//! back, and settling through another handle on the same table (another
+//! [`PgStore::outbox`] call) finds nothing to settle.
 
 mod dedup;
 mod durable;

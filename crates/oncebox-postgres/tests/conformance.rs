@@ -1,5 +1,6 @@
-//! The `oncebox-testkit` conformance suites against the PostgreSQL stores: outbox, inbox,
-//! durable inbox and dedup. Every check runs in a fresh schema of its own.
+//! The `oncebox-testkit` conformance suites against the PostgreSQL stores: outbox (with
+//! held claims, the default, and with leased ones), inbox, durable inbox and dedup.
+//! Every check runs in a fresh schema of its own.
 
 mod common;
 
@@ -127,16 +128,49 @@ impl DedupHarness for PgHarness {
     }
 }
 
-/// One `#[tokio::test]` per check, in a module named after the suite, each in a fresh
-/// schema.
+/// The outbox with leased claims instead of held ones (see
+/// `PgOutbox::with_held_claims`); everything else as [`PgHarness`].
+struct LeasedHarness(PgHarness);
+
+impl LeasedHarness {
+    async fn new() -> Self {
+        Self(PgHarness::new().await)
+    }
+}
+
+impl OutboxHarness for LeasedHarness {
+    type Store = PgOutbox;
+
+    fn store(&self) -> PgOutbox {
+        self.0.db.store.outbox().with_held_claims(false)
+    }
+
+    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
+        self.0.enqueue_all(messages, true).await
+    }
+
+    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
+        self.0.enqueue_all(messages, false).await
+    }
+
+    async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
+        OutboxHarness::row_state(&self.0, id).await
+    }
+}
+
+/// One `#[tokio::test]` per check, in a module named after the suite (or as given), each
+/// in a fresh schema.
 macro_rules! suite {
     ($suite:ident: $($check:ident),* $(,)?) => {
-        mod $suite {
-            use super::PgHarness;
+        suite!($suite = $suite with PgHarness: $($check),*);
+    };
+    ($module:ident = $suite:ident with $harness:ident: $($check:ident),* $(,)?) => {
+        mod $module {
+            use super::$harness;
             $(
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $check() {
-                    oncebox_testkit::$suite::$check(&PgHarness::new().await).await;
+                    oncebox_testkit::$suite::$check(&$harness::new().await).await;
                 }
             )*
         }
@@ -154,6 +188,20 @@ suite!(outbox:
     purge_is_bounded_and_selective,
     rolled_back_enqueue_is_never_claimed,
     bad_input_is_a_typed_error,
+    relay_keeps_commit_order,
+    relay_backs_off_then_dead_letters,
+    relay_cleanup_purges_published,
+);
+
+suite!(outbox_leased = outbox with LeasedHarness:
+    claim_in_commit_order,
+    per_key_prefix,
+    concurrent_claimers_never_overlap,
+    expired_lease_is_fenced,
+    retry_counts_and_waits,
+    dead_stores_reason_and_unblocks,
+    release_counts_nothing,
+    purge_is_bounded_and_selective,
     relay_keeps_commit_order,
     relay_backs_off_then_dead_letters,
     relay_cleanup_purges_published,

@@ -4,8 +4,10 @@
 //!
 //! Relays are killed (their task aborted, as a crash drops everything in flight) after a
 //! random 150–1500 ms, and also right after one publish in a thousand, before their batch
-//! is settled: their rows stay leased for the 1 s lease, then other relays take them over
-//! and publish them again (duplicates, which the test expects, never out of order).
+//! is settled: other relays take their rows over (at once with held claims, whose
+//! transactions end with the relay; after the 1 s lease with leased claims) and publish
+//! them again (duplicates, which the test expects, never out of order). The test runs
+//! with held claims (the default) and with leased ones.
 
 mod common;
 
@@ -41,7 +43,7 @@ struct InFlight {
 
 /// A publisher that records, per key, which relay instance is publishing it, and now
 /// and then asks for its relay to be killed right after a publish (before the batch is
-/// settled, so that another relay must take the rows over when the lease ends).
+/// settled, so that another relay must take the rows over).
 #[derive(Clone)]
 struct Tracking {
     inner: MemoryPublisher,
@@ -123,6 +125,16 @@ fn relay_options(relay: u64) -> SpoolOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_relays_killed_at_random_keep_per_key_order() {
+    four_relays_killed_at_random(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_leasing_relays_killed_at_random_keep_per_key_order() {
+    four_relays_killed_at_random(false).await;
+}
+
+/// The test, with held claims or leased ones.
+async fn four_relays_killed_at_random(held: bool) {
     let db = TestDb::with_connections(14).await;
     db.exec("CREATE TABLE key_versions (key text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
         .await;
@@ -155,7 +167,8 @@ async fn four_relays_killed_at_random_keep_per_key_order() {
                     state: Arc::clone(&in_flight),
                     kill: Arc::clone(&kill),
                 };
-                let spool = Spool::relay(store.outbox(), publisher, relay_options(relay))
+                let outbox = store.outbox().with_held_claims(held);
+                let spool = Spool::relay(outbox, publisher, relay_options(relay))
                     .expect("valid relay options");
                 let task = tokio::spawn(async move {
                     let _ = spool.run_until(std::future::pending()).await;
@@ -285,8 +298,9 @@ async fn four_relays_killed_at_random_keep_per_key_order() {
     }
     let kills = kills.load(Ordering::SeqCst);
     eprintln!(
-        "{MESSAGES} messages on {KEYS} keys: produced in {produced:?}, drained in {drained:?}; \
+        "{} claims: {MESSAGES} messages on {KEYS} keys: produced in {produced:?}, drained in {drained:?}; \
          {} publishes ({} duplicates), {kills} relay kills",
+        if held { "held" } else { "leased" },
         log.len(),
         log.len() - MESSAGES,
     );

@@ -181,12 +181,63 @@ async fn claim_step_two_reaches_every_key() {
     assert_eq!(seen.len(), 600, "every free key is claimed in the end");
 }
 
-/// A dead row replayed while a relay holds later rows of its key waits for that relay's
-/// lease, so the key is never on two relays at once; then it goes first.
+/// A dead row replayed while a relay holds later rows of its key with a held claim: the
+/// replay waits until that claim is settled, so the key is never on two relays at once;
+/// then the replayed row goes first.
 #[tokio::test(flavor = "multi_thread")]
-async fn replay_waits_for_the_relay_holding_its_key() {
+async fn replay_waits_for_the_held_claim_on_its_key() {
     let db = TestDb::new().await;
     let outbox = db.store.outbox();
+    let (k1, k2) = (msg(Some("k"), "k1"), msg(Some("k"), "k2"));
+    enqueue(&outbox, &db.store, &[k1.clone(), k2.clone()]).await;
+    let (token, rows) = claim(&outbox, 1, LONG).await;
+    let dead = Settlement {
+        seq: rows[0].seq,
+        outcome: Settle::Dead {
+            reason: "poison".into(),
+        },
+    };
+    outbox.settle(token, &[dead]).await.unwrap();
+    let (holder, held) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&held), ["k2"], "k2 is free once k1 is dead");
+    let replay = {
+        let (outbox, id) = (outbox.clone(), k1.id);
+        tokio::spawn(async move { outbox.replay_dead(id).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !replay.is_finished(),
+        "the replay must wait for the claim holding k2"
+    );
+    let release = Settlement {
+        seq: held[0].seq,
+        outcome: Settle::Release,
+    };
+    outbox.settle(holder, &[release]).await.unwrap();
+    let replayed = tokio::time::timeout(Duration::from_secs(5), replay)
+        .await
+        .expect("the replay goes on once the claim is settled")
+        .unwrap()
+        .unwrap();
+    assert!(replayed);
+    assert!(
+        !outbox.replay_dead(k1.id).await.unwrap(),
+        "only dead rows replay"
+    );
+    let (_, after) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&after), ["k1", "k2"], "k1 goes first again");
+    let state = outbox.status(k1.id).await.unwrap().unwrap();
+    assert_eq!((state.status, state.attempts), (RowStatus::Pending, 0));
+    assert_eq!(state.last_error.as_deref(), Some("poison"));
+}
+
+/// A dead row replayed while a relay holds later rows of its key with a leased claim
+/// waits for that relay's lease, so the key is never on two relays at once; then it goes
+/// first.
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_waits_for_the_lease_on_its_key() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox().with_held_claims(false);
     let (k1, k2) = (msg(Some("k"), "k1"), msg(Some("k"), "k2"));
     enqueue(&outbox, &db.store, &[k1.clone(), k2.clone()]).await;
     let (token, rows) = claim(&outbox, 1, LONG).await;

@@ -1,6 +1,13 @@
 //! Redis backend for [oncebox](https://docs.rs/oncebox): the idempotent receiver's
 //! [`DedupStore`](oncebox_core::store::DedupStore), which is also an idempotency-key store
-//! for the HTTP layer of `oncebox-http`.
+//! for the HTTP layer of `oncebox-http`, and the Redis Streams transport.
+//!
+//! | piece | what it is |
+//! |---|---|
+//! | [`RedisDedupStore`] | the dedup store: leases, fencing tokens, results with a TTL |
+//! | [`RedisStreams`] | the transport: [`RedisStreamPublisher`] (`XADD`), [`RedisStreamSubscriber`] (consumer groups, `XACK`, `XAUTOCLAIM`), dead-letter streams; the wire format is in the [`streams`] module |
+//!
+//! # Dedup store
 //!
 //! [`RedisDedupStore`] keeps the state machine of the idempotent receiver,
 //! `absent → in progress (lease, fencing token) → completed (result, TTL) → expired`, in
@@ -27,12 +34,30 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The Redis Streams transport will live in this crate too.
+//! # Redis Streams transport
+//!
+//! ```no_run
+//! use oncebox_core::{Delivery, Message, Publisher, Subscriber};
+//! use oncebox_redis::{RedisStreamOptions, RedisStreams};
+//!
+//! # async fn run() -> oncebox_core::Result<()> {
+//! let streams = RedisStreams::connect_env(RedisStreamOptions::new()).await?;
+//! let mut payments = streams.subscribe("orders", "payments").await?;
+//! streams.publisher().publish(&Message::new("orders", "order 42")).await?;
+//! let delivery = payments.next().await?;
+//! delivery.ack().await?;
+//! # Ok(()) }
+//! ```
 
 mod dedup;
 mod error;
+pub mod streams;
 
 pub use dedup::{DEFAULT_PREFIX, RESPONSE_TIMEOUT, RedisDedupStore};
+pub use streams::{
+    RedisDeadLetter, RedisStreamDelivery, RedisStreamOptions, RedisStreamPublisher,
+    RedisStreamSubscriber, RedisStreams,
+};
 
 /// Re-exported so that callers configure the same client version.
 pub use redis;

@@ -15,7 +15,10 @@
 //! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
 
 pub mod dedup;
+pub mod e2e;
 pub mod inbox;
 pub mod outbox;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 mod support;
 pub mod transport;

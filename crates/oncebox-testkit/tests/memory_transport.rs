@@ -126,3 +126,22 @@ async fn confirmed_messages_arrive_despite_faults() -> Result<()> {
     );
     Ok(())
 }
+
+/// The end-to-end driver itself, on the in-process broker: SQLite outbox → relay →
+/// broker → transactional inbox.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread")]
+async fn end_to_end_sqlite_outbox_to_inbox() -> Result<()> {
+    use oncebox_testkit::e2e::{self, EndToEnd};
+    use oncebox_testkit::sqlite::SqliteHarness;
+
+    let store = SqliteHarness::new().await;
+    let report =
+        e2e::outbox_to_inbox(&MemoryHarness::new(), &store, &store, EndToEnd::new(2_000)).await?;
+    println!("{report}");
+    assert!(
+        report.duplicates_skipped > 0,
+        "no duplicate reached the inbox: {report:?}"
+    );
+    Ok(())
+}

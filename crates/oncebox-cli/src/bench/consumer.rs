@@ -119,7 +119,9 @@ where
     let broker = MemoryBroker::new();
     let publisher = broker.publisher();
     for n in 0..args.messages {
-        publisher.publish(&workload::message(n, args.keys)).await?;
+        publisher
+            .publish(&workload::message(workload::TOPIC, n, args.keys))
+            .await?;
     }
     let subscriber = broker.subscribe(workload::TOPIC, CONSUMER);
 

@@ -145,7 +145,7 @@ async fn produce<B: Backend>(
     total: u64,
 ) -> anyhow::Result<Vec<(MessageId, Instant, Instant)>> {
     let commit = |i: u64, due: Instant| async move {
-        let message = workload::message(i, KEYS);
+        let message = workload::message(workload::TOPIC, i, KEYS);
         backend
             .commit_one(outbox, &message, notify)
             .await

@@ -2,7 +2,9 @@
 //! the same work without the engine, in the same run.
 //!
 //! - `bench relay`: drain a pre-filled outbox with the relay, against a plain loop of one
-//!   claim-and-delete statement per batch publishing to the same transport.
+//!   claim-and-delete statement per batch publishing with the broker's own client
+//!   (`--transport memory|nats|rabbitmq|kafka|redis`, the brokers behind the cli's cargo
+//!   features of the same names, Redis's as `redis-streams`).
 //! - `bench latency`: commit-to-publish latency at a fixed rate, woken by notification
 //!   or by polling.
 //! - `bench consumer`: the transactional inbox against the same handler in a plain
@@ -22,6 +24,7 @@ mod measure;
 mod probe;
 mod relay;
 mod report;
+mod transport;
 mod workload;
 
 use std::process::ExitCode;
@@ -30,7 +33,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use backend::Backend;
-use report::Report;
+use report::{RelayReport, Report};
+use transport::BenchTransport;
 
 /// The PostgreSQL server used when neither `--database-url` nor `ONCEBOX_PG_URL` is set.
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -65,6 +69,9 @@ pub(crate) enum StoreKind {
     Sqlite,
     /// PostgreSQL, in a new schema of the `--database-url` database.
     Postgres,
+    /// MySQL or MariaDB, in a new database on the `--database-url` server.
+    #[cfg(feature = "mysql")]
+    Mysql,
 }
 
 /// The broker messages go through.
@@ -73,6 +80,19 @@ pub(crate) enum StoreKind {
 pub(crate) enum TransportKind {
     /// The in-process broker.
     Memory,
+    /// NATS JetStream (`--broker-url`, else `ONCEBOX_NATS_URL`, else the local server).
+    #[cfg(feature = "nats")]
+    Nats,
+    /// RabbitMQ (`--broker-url`, else `ONCEBOX_AMQP_URL`, else the local server).
+    #[cfg(feature = "rabbitmq")]
+    Rabbitmq,
+    /// Kafka (`--broker-url` as a broker list, else `ONCEBOX_KAFKA_BROKERS`, else
+    /// 127.0.0.1:9092).
+    #[cfg(feature = "kafka")]
+    Kafka,
+    /// Redis Streams (`--broker-url`, else `ONCEBOX_REDIS_URL`, else the local server).
+    #[cfg(feature = "redis-streams")]
+    Redis,
 }
 
 /// How the relay learns of new messages in `bench latency`.
@@ -99,6 +119,10 @@ pub(crate) struct CommonArgs {
     /// Ignored for SQLite, which always uses a new temporary file.
     #[arg(long, env = "ONCEBOX_PG_URL", default_value = DEFAULT_PG_URL, hide_env_values = true)]
     pub(crate) database_url: String,
+    /// The broker's URL (`bench relay` only); each broker has its own default, see
+    /// `--transport`.
+    #[arg(long)]
+    pub(crate) broker_url: Option<String>,
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -181,6 +205,11 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         command => BenchArgs { command },
     };
     let common = args.command.common().clone();
+    let relays = matches!(args.command, BenchCommand::Relay(_));
+    anyhow::ensure!(
+        relays || common.transport == TransportKind::Memory,
+        "bench latency and bench consumer run on --transport memory only"
+    );
     let report = match common.store {
         StoreKind::Sqlite => {
             let backend = backend::sqlite::SqliteBench::open().await?;
@@ -188,6 +217,11 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         StoreKind::Postgres => {
             let backend = backend::postgres::PgBench::open(&common.database_url).await?;
+            run_on(backend, &args.command).await?
+        }
+        #[cfg(feature = "mysql")]
+        StoreKind::Mysql => {
+            let backend = backend::mysql::MySqlBench::open(&common.database_url).await?;
             run_on(backend, &args.command).await?
         }
     };
@@ -204,7 +238,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
 async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Result<Report> {
     let body = async {
         match command {
-            BenchCommand::Relay(args) => relay::run(&backend, args).await.map(Report::Relay),
+            BenchCommand::Relay(args) => relay_on(&backend, args).await.map(Report::Relay),
             BenchCommand::Latency(args) => latency::run(&backend, args).await.map(Report::Latency),
             BenchCommand::Consumer(args) => {
                 consumer::run(&backend, args).await.map(Report::Consumer)
@@ -225,6 +259,66 @@ async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Resul
         (Ok(_), Err(error)) => Err(error.context("cleaning up after the benchmark")),
         (Err(error), Err(cleanup)) => {
             eprintln!("oncebox bench: cleaning up after the failure failed too: {cleanup:#}");
+            Err(error)
+        }
+    }
+}
+
+/// Runs `bench relay` on `backend`, publishing to the broker `args` name.
+async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<RelayReport> {
+    #[cfg(any(
+        feature = "nats",
+        feature = "rabbitmq",
+        feature = "kafka",
+        feature = "redis-streams"
+    ))]
+    let url = args.common.broker_url.as_deref();
+    match args.common.transport {
+        TransportKind::Memory => {
+            relay_through(backend, transport::memory::MemoryBench::open(), args).await
+        }
+        #[cfg(feature = "nats")]
+        TransportKind::Nats => {
+            relay_through(backend, transport::nats::NatsBench::open(url).await?, args).await
+        }
+        #[cfg(feature = "rabbitmq")]
+        TransportKind::Rabbitmq => {
+            let broker = transport::rabbitmq::RabbitMqBench::open(url).await?;
+            relay_through(backend, broker, args).await
+        }
+        #[cfg(feature = "kafka")]
+        TransportKind::Kafka => {
+            relay_through(
+                backend,
+                transport::kafka::KafkaBench::open(url).await?,
+                args,
+            )
+            .await
+        }
+        #[cfg(feature = "redis-streams")]
+        TransportKind::Redis => {
+            let broker = transport::redis::RedisStreamsBench::open(url).await?;
+            relay_through(backend, broker, args).await
+        }
+    }
+}
+
+/// Runs `bench relay` through `transport`, then removes what it created on the broker,
+/// whether the run succeeded or not.
+async fn relay_through<B: Backend, T: BenchTransport>(
+    backend: &B,
+    mut transport: T,
+    args: &RelayArgs,
+) -> anyhow::Result<RelayReport> {
+    let result = relay::run(backend, &mut transport, args).await;
+    let cleanup = transport.close().await;
+    match (result, cleanup) {
+        (Ok(report), Ok(())) => Ok(report),
+        (Ok(_), Err(error)) => Err(error.context("cleaning up the broker after the benchmark")),
+        (Err(error), cleanup) => {
+            if let Err(cleanup) = cleanup {
+                eprintln!("oncebox bench: cleaning up the broker failed too: {cleanup:#}");
+            }
             Err(error)
         }
     }

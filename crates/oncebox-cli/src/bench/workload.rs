@@ -16,9 +16,9 @@ pub(crate) fn key(n: u64, keys: u32) -> String {
     format!("key-{:05}", n % u64::from(keys.max(1)))
 }
 
-/// Message number `n`: a new id, key `n mod keys`, the shared payload.
-pub(crate) fn message(n: u64, keys: u32) -> Message {
-    Message::new(TOPIC, Bytes::from_static(PAYLOAD))
+/// Message number `n` on `topic`: a new id, key `n mod keys`, the shared payload.
+pub(crate) fn message(topic: &str, n: u64, keys: u32) -> Message {
+    Message::new(topic, Bytes::from_static(PAYLOAD))
         .with_key(key(n, keys))
         .with_kind(KIND)
 }
@@ -34,7 +34,7 @@ mod tests {
 
     #[test]
     fn messages_are_valid_and_spread_over_the_keys() {
-        let m = message(1234, 1000);
+        let m = message(TOPIC, 1234, 1000);
         assert_eq!(m.key.as_deref(), Some("key-00234"));
         assert_eq!(m.payload.len(), 128);
         assert!(m.validate(&oncebox::Limits::new()).is_ok());

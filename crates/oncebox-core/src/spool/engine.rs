@@ -126,15 +126,62 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     pub async fn drain(&self) -> Result<BatchReport> {
         let mut total = BatchReport::default();
         let mut pending = None;
+        let mut ahead = None;
         loop {
-            let (token, batch) = self.claim_after(pending.take()).await?;
+            let (token, batch) = match ahead.take() {
+                Some(claimed) => claimed,
+                None => self.claim_after(pending.take()).await?,
+            };
             if batch.is_empty() {
                 return Ok(total);
             }
-            let delivered = self.dispatch(token, batch).await;
+            let (delivered, next) = self
+                .deliver_and_claim_ahead(token, batch, &mut pending)
+                .await;
             total.add(&delivered.report);
-            pending = Some(delivered);
+            if let Some(earlier) = pending.replace(delivered) {
+                // This batch was claimed ahead but not full, so nothing settled the one
+                // before it: settle it on its own.
+                self.finish(earlier).await?;
+            }
+            match next {
+                Ok(next) => ahead = next,
+                Err(error) => {
+                    if let Some(delivered) = pending.take() {
+                        self.finish(delivered).await?;
+                    }
+                    return Err(error);
+                }
+            }
         }
+    }
+
+    /// Delivers `batch`; if it is full and pipelining is on, meanwhile settles `pending`
+    /// and claims the next batch, which is returned when it is not empty.
+    ///
+    /// `pending` is taken only if the settlement was handed to the store: on return it
+    /// still holds the previous batch if that has yet to be settled.
+    async fn deliver_and_claim_ahead(
+        &self,
+        token: LeaseToken,
+        batch: Vec<Claimed<S::Item>>,
+        pending: &mut Option<Delivered>,
+    ) -> (
+        Delivered,
+        Result<Option<(LeaseToken, Vec<Claimed<S::Item>>)>>,
+    ) {
+        if !self.options.pipeline || batch.len() < self.options.batch_size {
+            return (self.dispatch(token, batch).await, Ok(None));
+        }
+        // The rows of `batch` stay leased while the next claim runs, so by the store's
+        // per-key prefix rule it takes none of their keys.
+        let (delivered, next) = futures_util::future::join(
+            self.dispatch(token, batch),
+            self.claim_after(pending.take()),
+        )
+        .await;
+        let next = next.map(|(token, rows)| (!rows.is_empty()).then_some((token, rows)));
+        (delivered, next)
     }
 
     /// Claims a batch; with `pending`, settles it in the same store call first.
@@ -338,13 +385,31 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     async fn claim_loop(&self, mut stopped: watch::Receiver<bool>) {
         let mut idle = self.options.min_poll;
         let mut pending: Option<Delivered> = None;
+        let mut ahead = None;
         while !*stopped.borrow() {
-            match self.claim_after(pending.take()).await {
+            let claimed = match ahead.take() {
+                Some(claimed) => Ok(claimed),
+                None => self.claim_after(pending.take()).await,
+            };
+            match claimed {
                 Ok((_, batch)) if batch.is_empty() => idle = (idle * 2).min(self.options.max_poll),
                 Ok((token, batch)) => {
                     let full = batch.len() >= self.options.batch_size;
-                    let delivered = self.dispatch(token, batch).await;
+                    let (delivered, next) = self
+                        .deliver_and_claim_ahead(token, batch, &mut pending)
+                        .await;
                     idle = self.options.min_poll;
+                    if let Some(earlier) = pending.take()
+                        && let Err(error) = self.finish(earlier).await
+                    {
+                        tracing::warn!(spool = %self.options.name, %error, "settling a batch failed");
+                    }
+                    match next {
+                        Ok(next) => ahead = next,
+                        Err(error) => {
+                            tracing::warn!(spool = %self.options.name, %error, "claiming ahead failed");
+                        }
+                    }
                     if full {
                         pending = Some(delivered);
                         continue;
@@ -368,6 +433,22 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             && let Err(error) = self.finish(delivered).await
         {
             tracing::warn!(spool = %self.options.name, %error, "settling the last batch failed");
+        }
+        if let Some((token, rows)) = ahead {
+            // Claimed ahead but stopped before delivery: hand the rows back unattempted.
+            let released: Vec<Settlement> = rows
+                .iter()
+                .map(|row| Settlement {
+                    seq: row.seq,
+                    outcome: Settle::Release,
+                })
+                .collect();
+            if let Err(error) = self.store.settle(token, &released).await {
+                tracing::warn!(
+                    spool = %self.options.name, %error,
+                    "releasing the batch claimed ahead failed; its rows wait for their lease to end"
+                );
+            }
         }
     }
 

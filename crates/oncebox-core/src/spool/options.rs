@@ -24,6 +24,7 @@ pub struct SpoolOptions {
     pub(crate) lease: Duration,
     pub(crate) dispatch_timeout: Duration,
     pub(crate) concurrency: usize,
+    pub(crate) pipeline: bool,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
     pub(crate) min_poll: Duration,
@@ -41,7 +42,8 @@ impl SpoolOptions {
             batch_size: 256,
             lease: Duration::from_secs(30),
             dispatch_timeout: Duration::from_secs(10),
-            concurrency: 64,
+            concurrency: 256,
+            pipeline: true,
             max_attempts: 10,
             backoff: Backoff::new(),
             min_poll: Duration::from_millis(10),
@@ -79,9 +81,23 @@ impl SpoolOptions {
     }
 
     /// Most keys delivered at once (messages of one key always go one at a time).
-    /// Default: 64.
+    /// Default: 256, a whole default batch in flight, as a client that pipelines its
+    /// publishes would send it.
     pub fn concurrency(mut self, keys: usize) -> Self {
         self.concurrency = keys;
+        self
+    }
+
+    /// Whether the next batch is claimed while the current one is delivered, when the
+    /// current one was full. Default: on.
+    ///
+    /// The store's per-key prefix rule makes this safe: rows in flight count as gaps, so
+    /// the batch claimed ahead holds none of their keys, and no key is ever delivered by
+    /// two batches at once. The store's round trip and the broker's then overlap, so
+    /// the relay drains at the pace of the slower of the two rather than their sum. Off,
+    /// each batch is claimed after the previous one was delivered.
+    pub fn pipeline(mut self, on: bool) -> Self {
+        self.pipeline = on;
         self
     }
 

@@ -72,10 +72,18 @@ impl PgOutbox {
     ///
     /// The row keeps its place in commit order, so it is published before the later
     /// pending messages of its key, which wait for it; later messages of its key that
-    /// were published while it was dead stay published before it. If a relay holds
-    /// later messages of its key right now, the replayed row waits until that relay's
-    /// lease ends, so that the key is never on two relays at once: the replay takes the
-    /// claim lock, and gives the row a lease without a holder until then.
+    /// were published while it was dead stay published before it. The key is never on
+    /// two relays at once:
+    ///
+    /// - the replay takes the hold lock exclusively, so it waits for every held claim on
+    ///   the table in flight (each until its rows are settled, at most its lease) and
+    ///   the held claims after it see the replayed row: a claim whose snapshot still
+    ///   showed the row dead could otherwise take later rows of its key beside a claim
+    ///   that takes the row;
+    /// - it takes the claim lock too, and if a leased claim holds later messages of its
+    ///   key, gives the row a lease without a holder until that claim's lease ends.
+    ///
+    /// So the call can take as long as the longest batch in flight takes to publish.
     ///
     /// # Errors
     ///

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::ident::{CLAIM_CLASS, KEY_CLASS, derived, literal, qualified, quote, table_oid};
+use crate::ident::{
+    CLAIM_CLASS, HOLD_CLASS, KEY_CLASS, derived, literal, qualified, quote, table_oid,
+};
 use crate::spool::sql::{Columns, lock_key};
 use crate::spool::{Layout, SpoolSql};
 use crate::time::{micros_of, micros_param};
@@ -17,7 +19,8 @@ pub(crate) struct OutboxSql {
     pub(crate) enqueue: Arc<str>,
     /// As `enqueue`, plus `pg_notify` in the same statement.
     pub(crate) enqueue_notify: Arc<str>,
-    /// Takes the claim lock (replay is serialised with claims).
+    /// Takes the claim lock and the hold lock, exclusively: replay is serialised with
+    /// leased claims, and waits for held claims in flight.
     pub(crate) lock: Arc<str>,
     /// `$1` id.
     pub(crate) replay: Arc<str>,
@@ -159,8 +162,9 @@ fn admin(layout: &Layout, created: &str) -> OutboxSql {
         enqueue: Arc::from(""),
         enqueue_notify: Arc::from(""),
         lock: format!(
-            "SELECT pg_advisory_xact_lock({CLAIM_CLASS}, {})",
-            lock_key(layout, 1)
+            "SELECT pg_advisory_xact_lock({CLAIM_CLASS}, {key}),
+       pg_advisory_xact_lock({HOLD_CLASS}, {key})",
+            key = lock_key(layout, 1)
         )
         .into(),
         replay: format!(

@@ -1,8 +1,12 @@
 //! Claim, settle and purge over a spool table; shared by the outbox, the durable inbox
-//! and Debezium-style outboxes, which differ only in their [`Layout`].
+//! and Debezium-style outboxes, which differ only in their [`Layout`] and in how their
+//! claims hold rows ([`Hold`]: leases written into the rows, or the claim's own open
+//! transaction, see [`held`]).
 
+mod held;
 pub(crate) mod sql;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -15,7 +19,8 @@ use sqlx::{AssertSqlSafe, Postgres, Row};
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::time::{duration_ms, ms_since, ms_until};
 
-pub(crate) use sql::{Layout, SpoolSql};
+use held::{HeldClaims, Taken};
+pub(crate) use sql::{Hold, Layout, Previous, SpoolSql};
 
 /// Longest error text kept in `last_error`, in characters.
 const MAX_ERROR_CHARS: usize = 2000;
@@ -29,12 +34,19 @@ const WINDOW_PER_ROW: usize = 4;
 const MIN_SMALL_WINDOW: usize = 512;
 /// ...and at least this many per row asked for.
 const SMALL_WINDOW_PER_ROW: usize = 2;
+/// After a held claim's fast claim was blocked, the next this many held claims of the
+/// table (by this handle and its clones) go straight to step 1.
+const FAST_BACKOFF: usize = 16;
+/// A held claim's window is a multiple of this many rows (each window size is a
+/// statement of its own, prepared once per connection; see `HeldSql::claim_window`).
+const WINDOW_STEP: usize = 128;
 /// Step 2 probes at least this many keys...
 const MIN_KEY_SCAN: usize = 256;
 /// ...and at least this many per row asked for.
 const KEYS_PER_ROW: usize = 4;
 
-/// The claim transaction's statement and idle timeouts are its lease, at least this.
+/// The claim's statement timeout is its lease, at least this (and so is a leased claim
+/// transaction's idle timeout; a held claim's is the lease itself).
 const MIN_CLAIM_TIMEOUT_MS: i64 = 1000;
 
 /// A statement built at construction, run without copying its text.
@@ -71,18 +83,47 @@ pub(crate) struct SpoolTable {
     /// (within its bounds). Shared by clones, like the cursor.
     window_hint: Arc<AtomicUsize>,
     tuning: ClaimTuning,
+    /// How claims hold their rows; [`Hold::Transaction`] only where `sql.held` is set.
+    hold: Hold,
+    /// The open transactions of held claims, by token; shared by clones (a claim may be
+    /// settled through any clone), not by other handles on the table.
+    held: Arc<HeldClaims>,
+    /// Held claims to make before trying the fast claim again; shared by clones.
+    fast_backoff: Arc<AtomicUsize>,
 }
 
 impl SpoolTable {
-    pub(crate) fn new(pool: PgPool, sql: Arc<SpoolSql>, scope: Option<Arc<str>>) -> Self {
-        Self {
+    /// A handle on the table whose claims hold rows as `hold` says (a scoped table's
+    /// always by lease).
+    pub(crate) fn new(
+        pool: PgPool,
+        sql: Arc<SpoolSql>,
+        scope: Option<Arc<str>>,
+        hold: Hold,
+    ) -> Self {
+        let mut table = Self {
             pool,
             sql,
             scope,
             cursor: Arc::default(),
             window_hint: Arc::default(),
             tuning: ClaimTuning { window: None },
-        }
+            hold: Hold::Lease,
+            held: Arc::default(),
+            fast_backoff: Arc::default(),
+        };
+        table.set_hold(hold);
+        table
+    }
+
+    /// Sets how claims hold their rows from now on; [`Hold::Transaction`] is ignored on a
+    /// table without held statements (scoped). Claims held already are settled as they
+    /// were made.
+    pub(crate) fn set_hold(&mut self, hold: Hold) {
+        self.hold = match (hold, &self.sql.held) {
+            (Hold::Transaction, Some(_)) => Hold::Transaction,
+            _ => Hold::Lease,
+        };
     }
 
     pub(crate) fn pool(&self) -> &PgPool {
@@ -145,14 +186,21 @@ impl SpoolTable {
         if request.limit == 0 {
             return Ok(Vec::new());
         }
+        if self.hold == Hold::Transaction {
+            return self.claim_held(request).await;
+        }
         let mut tx = self.pool.begin().await.map_err(store_error)?;
-        let rows = self.claim_in(&mut tx, request).await?;
+        let rows = self.claim_in(&mut tx, Hold::Lease, request).await?;
         tx.commit().await.map_err(store_error)?;
-        self.decode_all(request.token, &rows).await
+        let (claimed, dead) = self.decode_all(request.token, &rows);
+        self.dead_letter_leased(request.token, &dead).await;
+        Ok(claimed)
     }
 
     /// Settles the rows of claim `token`, then claims, in one transaction: the claim sees
-    /// the settlements, and a failure applies neither.
+    /// the settlements, and a failure applies neither. A held claim's settlements commit
+    /// in its transaction instead, and the new claim's transaction begins on the same
+    /// connection in the same round trip.
     pub(crate) async fn settle_and_claim<T: SpoolRow>(
         &self,
         token: LeaseToken,
@@ -160,48 +208,92 @@ impl SpoolTable {
         delete_done: bool,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
+        match self.held.take(token) {
+            Taken::Held(held) => {
+                return self
+                    .settle_and_claim_held(held, settlements, delete_done, request)
+                    .await;
+            }
+            Taken::Expired => return self.claim(request).await,
+            Taken::Unknown => {}
+        }
         let Some(settle) = self.settle_query(token, settlements, delete_done) else {
             return self.claim(request).await;
         };
-        if request.limit == 0 {
-            self.settle(token, settlements, delete_done).await?;
-            return Ok(Vec::new());
+        if request.limit == 0 || self.hold == Hold::Transaction {
+            // Nothing to claim, or claims are held now (the settled claim was leased
+            // before the hold changed): the settlement on its own, then the claim.
+            settle.execute(&self.pool).await.map_err(store_error)?;
+            return self.claim(request).await;
         }
         let mut tx = self.pool.begin().await.map_err(store_error)?;
         // Before the claim lock, which other relays wait for: settling takes a while, and
         // it needs no lock (it touches only rows leased to `token`).
         settle.execute(&mut *tx).await.map_err(store_error)?;
-        let rows = self.claim_in(&mut tx, request).await?;
+        let rows = self.claim_in(&mut tx, Hold::Lease, request).await?;
         tx.commit().await.map_err(store_error)?;
-        self.decode_all(request.token, &rows).await
+        let (claimed, dead) = self.decode_all(request.token, &rows);
+        self.dead_letter_leased(request.token, &dead).await;
+        Ok(claimed)
     }
 
-    /// The claim's statements in `tx`: the lock, step 1 and, if needed, step 2; returns
-    /// the claimed rows, not yet decoded.
+    /// Dead-letters a leased claim's undecodable rows, in a statement of its own (the
+    /// claim has committed).
+    async fn dead_letter_leased(&self, token: LeaseToken, dead: &[Settlement]) {
+        if dead.is_empty() {
+            return;
+        }
+        if let Err(error) = self.settle(token, dead, false).await {
+            tracing::warn!(
+                table = self.display(), %error,
+                "could not dead-letter undecodable rows; they stay leased until their lease ends"
+            );
+        }
+    }
+
+    /// The claim's statements in `tx`: for a leased claim the lock, then step 1 and, if
+    /// needed, step 2 (a held claim's transaction took its lock when it began); returns
+    /// the claimed rows, not yet decoded, in no particular order.
     async fn claim_in(
         &self,
         tx: &mut sqlx::PgConnection,
+        hold: Hold,
         request: &ClaimRequest,
     ) -> Result<Vec<(i64, PgRow)>> {
         let token = request.token.to_string();
         let lease = duration_ms(request.lease).max(1);
+        let limit = sql_limit(request.limit);
         let window = self.window(request.limit);
-        let timeout = lease.max(MIN_CLAIM_TIMEOUT_MS).to_string();
-        self.scoped(query(&self.sql.lock).bind(timeout))
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        let first = self
-            .scoped(
-                query(&self.sql.claim_window)
-                    .bind(token.clone())
-                    .bind(sql_limit(request.limit))
-                    .bind(lease)
-                    .bind(sql_limit(window)),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(store_error)?;
+        let held = match (hold, &self.sql.held) {
+            (Hold::Transaction, Some(held)) => Some(held),
+            _ => None,
+        };
+        if let Some(held) = held
+            && let Some(rows) = self.claim_first(tx, held, request).await?
+        {
+            return Ok(rows);
+        }
+        let step1 = match held {
+            Some(held) => {
+                let window = sql_limit(window.div_ceil(WINDOW_STEP) * WINDOW_STEP);
+                sqlx::query(AssertSqlSafe(held.claim_window(limit, window)))
+            }
+            None => {
+                let timeout = lease.max(MIN_CLAIM_TIMEOUT_MS).to_string();
+                self.scoped(query(&self.sql.lock).bind(timeout))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error)?;
+                self.scoped(
+                    query(&self.sql.claim_window)
+                        .bind(token.clone())
+                        .bind(limit)
+                        .bind(lease)
+                        .bind(sql_limit(window)),
+                )
+            }
+        };
+        let first = step1.fetch_all(&mut *tx).await.map_err(store_error)?;
         let (window_full, used) = match first.first() {
             Some(row) => (
                 row.try_get::<bool, _>("window_full").map_err(store_error)?,
@@ -218,201 +310,239 @@ impl SpoolTable {
         );
         if want > 0 && window_full {
             let cursor = self.lock_cursor().clone();
-            let scan = MIN_KEY_SCAN.max(want.saturating_mul(KEYS_PER_ROW));
-            let second = self
-                .scoped(
+            let scan = sql_limit(MIN_KEY_SCAN.max(want.saturating_mul(KEYS_PER_ROW)));
+            let step2 = match held {
+                Some(held) => query(&held.claim_keys)
+                    .bind(sql_limit(want))
+                    .bind(cursor)
+                    .bind(scan),
+                None => self.scoped(
                     query(&self.sql.claim_keys)
                         .bind(token)
                         .bind(sql_limit(want))
                         .bind(lease)
                         .bind(cursor)
-                        .bind(sql_limit(scan)),
-                )
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(store_error)?;
+                        .bind(scan),
+                ),
+            };
+            let second = step2.fetch_all(&mut *tx).await.map_err(store_error)?;
             let next: Option<String> = match second.first() {
                 Some(row) => row.try_get("next_cursor").map_err(store_error)?,
                 None => None,
             };
             *self.lock_cursor() = next.unwrap_or_default();
-            rows.extend(claimed_rows(second)?);
+            // A held claim's step 2 may find rows its step 1 locked (its own locks do not
+            // stop it); they are claimed once.
+            let first_seqs: HashSet<i64> = rows.iter().map(|(seq, _)| *seq).collect();
+            rows.extend(
+                claimed_rows(second)?
+                    .into_iter()
+                    .filter(|(seq, _)| !first_seqs.contains(seq)),
+            );
         }
         Ok(rows)
     }
 
-    /// Decodes committed claimed rows, in `seq` order (dead-lettering undecodable ones).
-    async fn decode_all<T: SpoolRow>(
+    /// A held claim's fast claim (see [`sql`]'s `claim_first`), unless one was blocked
+    /// lately: the claimed rows, or `None` if the caller must run step 1. A blocked fast
+    /// claim is rolled back, and `tx` begun again, before `None` returns.
+    async fn claim_first(
         &self,
-        token: LeaseToken,
-        rows: &[(i64, PgRow)],
-    ) -> Result<Vec<Claimed<T>>> {
-        let mut claimed = Vec::with_capacity(rows.len());
-        for (seq, row) in rows {
-            if let Some(item) = self.decode_claimed(token, *seq, row).await {
-                claimed.push(item);
-            }
+        tx: &mut sqlx::PgConnection,
+        held: &sql::HeldSql,
+        request: &ClaimRequest,
+    ) -> Result<Option<Vec<(i64, PgRow)>>> {
+        let skip = self
+            .fast_backoff
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if skip.is_ok() {
+            return Ok(None);
         }
-        claimed.sort_by_key(|c: &Claimed<T>| c.seq);
-        Ok(claimed)
-    }
-
-    /// Runs both claim statements under `EXPLAIN (ANALYZE, BUFFERS)` in a transaction
-    /// that is rolled back; returns the plans.
-    pub(crate) async fn explain_claim(&self, limit: usize) -> Result<String> {
-        let limit = sql_limit(limit.max(1));
-        let window = self.window(usize::try_from(limit).unwrap_or(0));
-        let scan = MIN_KEY_SCAN.max(usize::try_from(limit).unwrap_or(0) * KEYS_PER_ROW);
-        let token = LeaseToken::new().to_string();
-        let lease = 30_000_i64;
-        let mut tx = self.pool.begin().await.map_err(store_error)?;
-        self.scoped(query(&self.sql.lock).bind(lease.to_string()))
+        let rows = sqlx::query(AssertSqlSafe(held.claim_first(sql_limit(request.limit))))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let blocked = match rows.first() {
+            Some(row) => row.try_get::<bool, _>("blocked").map_err(store_error)?,
+            None => false,
+        };
+        if !blocked {
+            return Ok(Some(claimed_rows(rows)?));
+        }
+        self.fast_backoff.store(FAST_BACKOFF, Ordering::Relaxed);
+        let again = self.held_begin(held, Previous::Rollback, request);
+        sqlx::raw_sql(AssertSqlSafe(again))
             .execute(&mut *tx)
             .await
             .map_err(store_error)?;
-        let step1: Vec<String> = self
-            .scoped(
-                query(&self.sql.explain_window)
-                    .bind(token.clone())
-                    .bind(limit)
-                    .bind(lease)
-                    .bind(sql_limit(window)),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(store_error)?
-            .iter()
-            .map(|row| row.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()
-            .map_err(store_error)?;
+        Ok(None)
+    }
+
+    /// Decodes claimed rows, in `seq` order; returns them and a dead settlement for
+    /// each row that does not decode (it can never be delivered, and must not stall the
+    /// spool: the caller dead-letters it with the reason).
+    fn decode_all<T: SpoolRow>(
+        &self,
+        token: LeaseToken,
+        rows: &[(i64, PgRow)],
+    ) -> (Vec<Claimed<T>>, Vec<Settlement>) {
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut dead = Vec::new();
+        for (seq, row) in rows {
+            let seq = *seq;
+            let reader = RowReader::new(row, self.display(), format_args!("seq {seq}"));
+            let decoded = reader
+                .count("attempts")
+                .and_then(|attempts| Ok((attempts, T::decode(&reader)?)));
+            match decoded {
+                Ok((attempts, item)) => claimed.push(Claimed {
+                    seq,
+                    token,
+                    attempts,
+                    item,
+                }),
+                Err(error) => {
+                    tracing::warn!(
+                        table = self.display(), seq, %error,
+                        "undecodable row: dead-lettered"
+                    );
+                    dead.push(Settlement {
+                        seq,
+                        outcome: Settle::Dead {
+                            reason: format!("undecodable row: {error}"),
+                        },
+                    });
+                }
+            }
+        }
+        claimed.sort_by_key(|c: &Claimed<T>| c.seq);
+        (claimed, dead)
+    }
+
+    /// Runs the claim's statements under `EXPLAIN (ANALYZE, BUFFERS)` in a transaction
+    /// that is rolled back (a held claim's fast claim, then step 1 and step 2, each after
+    /// the one before, as if it had claimed too little); returns the plans.
+    pub(crate) async fn explain_claim(&self, limit: usize) -> Result<String> {
+        let rows = limit.max(1);
+        let limit = sql_limit(rows);
+        let window = self.window(rows);
+        let scan = MIN_KEY_SCAN.max(rows.saturating_mul(KEYS_PER_ROW));
+        let lease = 30_000_i64;
         let cursor = self.lock_cursor().clone();
-        let step2: Vec<String> = self
-            .scoped(
-                query(&self.sql.explain_keys)
-                    .bind(token)
-                    .bind(limit)
-                    .bind(lease)
-                    .bind(cursor)
-                    .bind(sql_limit(scan)),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(store_error)?
-            .iter()
-            .map(|row| row.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()
-            .map_err(store_error)?;
+        let mut plans = Vec::new();
+        let tx = match (self.hold, &self.sql.held) {
+            (Hold::Transaction, Some(held)) => {
+                let begin = held.begin(Previous::None, lease, lease);
+                let mut tx = self
+                    .pool
+                    .begin_with(AssertSqlSafe(begin))
+                    .await
+                    .map_err(store_error)?;
+                let window = window.div_ceil(WINDOW_STEP) * WINDOW_STEP;
+                let steps = [
+                    (
+                        format!("-- fast claim (held), limit {limit}"),
+                        sqlx::query(AssertSqlSafe(held.explain_first(limit))),
+                    ),
+                    (
+                        format!("-- step 1 (held): window of {window} pending rows, limit {limit}"),
+                        sqlx::query(AssertSqlSafe(held.explain_window(limit, sql_limit(window)))),
+                    ),
+                    (
+                        format!("-- step 2 (held): loose scan of {scan} keys, limit {limit}"),
+                        query(&held.explain_keys)
+                            .bind(limit)
+                            .bind(cursor)
+                            .bind(sql_limit(scan)),
+                    ),
+                ];
+                for (title, step) in steps {
+                    plans.push(format!("{title}\n{}", plan(step, &mut tx).await?));
+                }
+                tx
+            }
+            _ => {
+                let token = LeaseToken::new().to_string();
+                let mut tx = self.pool.begin().await.map_err(store_error)?;
+                self.scoped(query(&self.sql.lock).bind(lease.to_string()))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error)?;
+                let steps = [
+                    (
+                        format!(
+                            "-- step 1 (leased): window of {window} pending rows, limit {limit}"
+                        ),
+                        self.scoped(
+                            query(&self.sql.explain_window)
+                                .bind(token.clone())
+                                .bind(limit)
+                                .bind(lease)
+                                .bind(sql_limit(window)),
+                        ),
+                    ),
+                    (
+                        format!("-- step 2 (leased): loose scan of {scan} keys, limit {limit}"),
+                        self.scoped(
+                            query(&self.sql.explain_keys)
+                                .bind(token)
+                                .bind(limit)
+                                .bind(lease)
+                                .bind(cursor)
+                                .bind(sql_limit(scan)),
+                        ),
+                    ),
+                ];
+                for (title, step) in steps {
+                    plans.push(format!("{title}\n{}", plan(step, &mut tx).await?));
+                }
+                tx
+            }
+        };
         tx.rollback().await.map_err(store_error)?;
-        Ok(format!(
-            "-- step 1: window of {window} pending rows, limit {limit}\n{}\n\n\
-             -- step 2: loose scan of {scan} keys, limit {limit}\n{}\n",
-            step1.join("\n"),
-            step2.join("\n")
-        ))
+        Ok(plans.join("\n\n") + "\n")
     }
 
     fn lock_cursor(&self) -> std::sync::MutexGuard<'_, String> {
         self.cursor.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Decodes a claimed row; a row that does not decode is marked dead with the reason
-    /// (it can never be delivered, and must not stall the spool) and skipped.
-    async fn decode_claimed<T: SpoolRow>(
-        &self,
-        token: LeaseToken,
-        seq: i64,
-        row: &PgRow,
-    ) -> Option<Claimed<T>> {
-        let reader = RowReader::new(row, self.display(), format_args!("seq {seq}"));
-        let decoded = reader
-            .count("attempts")
-            .and_then(|attempts| Ok((attempts, T::decode(&reader)?)));
-        match decoded {
-            Ok((attempts, item)) => Some(Claimed {
-                seq,
-                token,
-                attempts,
-                item,
-            }),
-            Err(error) => {
-                tracing::warn!(
-                    table = self.display(), seq, %error,
-                    "undecodable row: dead-lettered"
-                );
-                let dead = [Settlement {
-                    seq,
-                    outcome: Settle::Dead {
-                        reason: format!("undecodable row: {error}"),
-                    },
-                }];
-                if let Err(error) = self.settle(token, &dead, false).await {
-                    tracing::warn!(
-                        table = self.display(), seq, %error,
-                        "could not dead-letter an undecodable row; it stays leased until its lease ends"
-                    );
-                }
-                None
-            }
-        }
-    }
-
-    /// Applies every settlement in one statement (atomic on its own), each row filtered
-    /// by `token`; with `delete_done`, done rows are deleted instead of marked.
+    /// Applies every settlement of claim `token` at once: a held claim's in its
+    /// transaction, which then commits; a leased claim's in one statement (atomic on its
+    /// own), each row filtered by `token`. With `delete_done`, done rows are deleted
+    /// instead of marked.
     pub(crate) async fn settle(
         &self,
         token: LeaseToken,
         settlements: &[Settlement],
         delete_done: bool,
     ) -> Result<()> {
-        if let Some(settle) = self.settle_query(token, settlements, delete_done) {
-            settle.execute(&self.pool).await.map_err(store_error)?;
+        match self.held.take(token) {
+            Taken::Held(held) => self.settle_held(held, settlements, delete_done).await,
+            Taken::Expired => Ok(()),
+            Taken::Unknown => {
+                if let Some(settle) = self.settle_query(token, settlements, delete_done) {
+                    settle.execute(&self.pool).await.map_err(store_error)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    /// The settle statement for `settlements`, or `None` if there are none.
+    /// A leased claim's settle statement for `settlements`, or `None` if there are none.
     fn settle_query(
         &self,
         token: LeaseToken,
         settlements: &[Settlement],
         delete_done: bool,
     ) -> Option<PgQuery> {
-        if settlements.is_empty() {
-            return None;
-        }
-        let mut seqs = Vec::with_capacity(settlements.len());
-        let mut ops = Vec::with_capacity(settlements.len());
-        let mut delays = Vec::with_capacity(settlements.len());
-        let mut errors = Vec::with_capacity(settlements.len());
-        for settlement in settlements {
-            let (op, delay, error) = match &settlement.outcome {
-                Settle::Done => (sql::OP_DONE, 0, String::new()),
-                Settle::Retry { at, error } => (sql::OP_RETRY, ms_until(*at), cap_error(error)),
-                Settle::Dead { reason } => (sql::OP_DEAD, 0, cap_error(reason)),
-                // `Release`, and any outcome added to the core later: end the lease and
-                // count nothing, the one settlement that can never lose a row.
-                _ => (sql::OP_RELEASE, 0, String::new()),
-            };
-            seqs.push(settlement.seq);
-            ops.push(op);
-            delays.push(delay);
-            errors.push(error);
-        }
+        let arrays = SettleArrays::new(settlements.iter())?;
         let statement = if delete_done {
             &self.sql.settle_delete
         } else {
             &self.sql.settle
         };
-        Some(
-            self.scoped(
-                query(statement)
-                    .bind(token.to_string())
-                    .bind(seqs)
-                    .bind(ops)
-                    .bind(delays)
-                    .bind(errors),
-            ),
-        )
+        Some(self.scoped(arrays.bind(query(statement).bind(token.to_string()))))
     }
 
     /// Deletes at most `limit` done rows settled before `before`.
@@ -431,6 +561,66 @@ impl SpoolTable {
             .map_err(store_error)?;
         Ok(result.rows_affected())
     }
+}
+
+/// The settlements of a claim as the settle statements' arrays.
+struct SettleArrays {
+    seqs: Vec<i64>,
+    ops: Vec<i32>,
+    delays: Vec<i64>,
+    errors: Vec<String>,
+}
+
+impl SettleArrays {
+    /// The arrays of `settlements`, or `None` if there are none.
+    fn new<'a>(settlements: impl ExactSizeIterator<Item = &'a Settlement>) -> Option<Self> {
+        if settlements.len() == 0 {
+            return None;
+        }
+        let mut arrays = Self {
+            seqs: Vec::with_capacity(settlements.len()),
+            ops: Vec::with_capacity(settlements.len()),
+            delays: Vec::with_capacity(settlements.len()),
+            errors: Vec::with_capacity(settlements.len()),
+        };
+        for settlement in settlements {
+            let (op, delay, error) = match &settlement.outcome {
+                Settle::Done => (sql::OP_DONE, 0, String::new()),
+                Settle::Retry { at, error } => (sql::OP_RETRY, ms_until(*at), cap_error(error)),
+                Settle::Dead { reason } => (sql::OP_DEAD, 0, cap_error(reason)),
+                // `Release`, and any outcome added to the core later: end the lease and
+                // count nothing, the one settlement that can never lose a row.
+                _ => (sql::OP_RELEASE, 0, String::new()),
+            };
+            arrays.seqs.push(settlement.seq);
+            arrays.ops.push(op);
+            arrays.delays.push(delay);
+            arrays.errors.push(error);
+        }
+        Some(arrays)
+    }
+
+    /// Binds the arrays, in order, after the parameters `query` has.
+    fn bind(self, query: PgQuery) -> PgQuery {
+        query
+            .bind(self.seqs)
+            .bind(self.ops)
+            .bind(self.delays)
+            .bind(self.errors)
+    }
+}
+
+/// The plan an `EXPLAIN` statement returns, as text.
+async fn plan(explain: PgQuery, conn: &mut sqlx::PgConnection) -> Result<String> {
+    let lines: Vec<String> = explain
+        .fetch_all(conn)
+        .await
+        .map_err(store_error)?
+        .iter()
+        .map(|row| row.try_get::<String, _>(0))
+        .collect::<Result<_, _>>()
+        .map_err(store_error)?;
+    Ok(lines.join("\n"))
 }
 
 /// The bounds of the default window for a claim of `limit` rows.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::ident::CLAIM_CLASS;
+use crate::ident::{CLAIM_CLASS, HOLD_CLASS};
 use crate::time::millis_param;
 
 /// Where a spool table's columns are, so that the same statements serve the outbox, the
@@ -69,6 +69,18 @@ pub(crate) const OP_RELEASE: i32 = 2;
 pub(crate) const OP_RETRY: i32 = 3;
 pub(crate) const OP_DEAD: i32 = 4;
 
+/// How a claim keeps other claims off its rows until they are settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// The claim writes a lease (its token and end) into its rows and commits at once;
+    /// settlements are filtered by the token. Works for every table, and with work done
+    /// in other transactions (the durable inbox completes rows in the handler's).
+    Lease,
+    /// The claim locks its rows in a transaction that stays open until their
+    /// settlements commit in it: nothing is written at claim time. Unscoped tables only.
+    Transaction,
+}
+
 /// The statements of one spool table. Shared (`Arc`) by every handle on the table.
 pub(crate) struct SpoolSql {
     pub(crate) display: String,
@@ -91,22 +103,175 @@ pub(crate) struct SpoolSql {
     /// `claim_window` and `claim_keys` under `EXPLAIN (ANALYZE, BUFFERS)`.
     pub(crate) explain_window: Arc<str>,
     pub(crate) explain_keys: Arc<str>,
+    /// The statements of held claims ([`Hold::Transaction`]); `None` for a scoped table.
+    pub(crate) held: Option<HeldSql>,
+}
+
+/// What [`HeldSql::begin`] does first with the transaction open on the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Previous {
+    /// Nothing: the connection is fresh from the pool.
+    None,
+    /// Commits it.
+    Commit,
+    /// Rolls it back.
+    Rollback,
+}
+
+/// The statements of held claims: the same claim, without the lease update, locking by
+/// `ctid` and returning each row's `ctid`; settlements found by `ctid`, without the token
+/// filter (the claim's transaction holds the rows).
+pub(crate) struct HeldSql {
+    /// The claim lock's key (an expression of the table's OID).
+    lock_key: String,
+    /// The fast claim with a mark for its limit; see [`HeldSql::claim_first`].
+    claim_first: String,
+    /// Step 1 with marks for its limit and window; see [`HeldSql::claim_window`].
+    claim_window: String,
+    /// `$1` limit, `$2` cursor, `$3` keys to scan → claimed (locked) rows, `next_cursor`.
+    pub(crate) claim_keys: Arc<str>,
+    /// `$1` ctids (text), `$2` seqs, `$3` ops, `$4` retry delays ms, `$5` errors.
+    pub(crate) settle: Arc<str>,
+    /// As `settle`, deleting done rows instead of marking them.
+    pub(crate) settle_delete: Arc<str>,
+    /// Every row done, the places written in: marked, and deleted.
+    done_inline: (String, String),
+    delete_inline: (String, String),
+    /// `claim_first`, `claim_window` and `claim_keys` under `EXPLAIN (ANALYZE, BUFFERS)`.
+    explain_first: String,
+    explain_window: String,
+    pub(crate) explain_keys: Arc<str>,
+}
+
+impl HeldSql {
+    /// The fast claim of `limit` rows: `[]` → claimed (locked) rows and `blocked`. See
+    /// [`claim_first`]. The limit is written in, as in
+    /// [`claim_window`](Self::claim_window).
+    pub(crate) fn claim_first(&self, limit: i64) -> String {
+        fill(&self.claim_first, limit, 0)
+    }
+
+    /// [`claim_first`](Self::claim_first) under `EXPLAIN (ANALYZE, BUFFERS)`.
+    pub(crate) fn explain_first(&self, limit: i64) -> String {
+        fill(&self.explain_first, limit, 0)
+    }
+
+    /// Step 1 for `limit` rows from a window of `window`: `[]` → claimed (locked) rows,
+    /// `window_full`, `window_used`.
+    ///
+    /// The two numbers are written into the statement instead of bound: a statement
+    /// without parameters gets one plan per connection, kept and reused, where the same
+    /// statement with parameters was planned again at every claim (PostgreSQL found no
+    /// generic plan as cheap as a custom one), which cost about a millisecond of a
+    /// claim's three. Each (limit, window) pair is one more prepared statement per
+    /// connection, so the caller keeps the pairs few (the window in steps of
+    /// [`WINDOW_STEP`](super::WINDOW_STEP) rows).
+    pub(crate) fn claim_window(&self, limit: i64, window: i64) -> String {
+        fill(&self.claim_window, limit, window)
+    }
+
+    /// [`claim_window`](Self::claim_window) under `EXPLAIN (ANALYZE, BUFFERS)`.
+    pub(crate) fn explain_window(&self, limit: i64, window: i64) -> String {
+        fill(&self.explain_window, limit, window)
+    }
+
+    /// The statement settling a held claim's rows, all delivered, found at `places`
+    /// (`ctid`s): deleted with `delete_done`, else marked done. `None` without rows.
+    pub(crate) fn settle_done(
+        &self,
+        delete_done: bool,
+        places: impl IntoIterator<Item = impl std::fmt::Display>,
+    ) -> Option<String> {
+        let (prefix, suffix) = if delete_done {
+            &self.delete_inline
+        } else {
+            &self.done_inline
+        };
+        let mut sql = prefix.clone();
+        let mut any = false;
+        for place in places {
+            if any {
+                sql.push(',');
+            }
+            any = true;
+            sql.push_str(&format!("\"{place}\""));
+        }
+        sql.push_str(suffix);
+        any.then_some(sql)
+    }
+
+    /// The statements that open a held claim's transaction, as one simple query (one
+    /// round trip), after ending the previous transaction on the same connection as
+    /// `previous` says (a claim's settlements commit; a fast claim that was blocked
+    /// rolls back).
+    ///
+    /// Besides `BEGIN`, they set what [`lock`] sets for a leased claim (no JIT, no wait
+    /// for the WAL flush at commit, a statement timeout of `statement_ms`), an
+    /// idle-in-transaction timeout of `idle_ms` (the lease: a relay that stops talking
+    /// loses its claim and the server frees its rows), and take the hold lock
+    /// ([`HOLD_CLASS`]) *shared*: held claims wait neither for each other nor for leased
+    /// claims (which take the claim lock, [`CLAIM_CLASS`]), but
+    /// [`PgOutbox::replay_dead`], which takes both exclusively, waits for every claim in
+    /// flight (see there why).
+    ///
+    /// Built per call from two integers and names fixed at construction: nothing from
+    /// the caller's data.
+    ///
+    /// [`PgOutbox::replay_dead`]: crate::PgOutbox::replay_dead
+    pub(crate) fn begin(&self, previous: Previous, statement_ms: i64, idle_ms: i64) -> String {
+        let end = match previous {
+            Previous::None => "",
+            Previous::Commit => "COMMIT; ",
+            Previous::Rollback => "ROLLBACK; ",
+        };
+        format!(
+            "{end}BEGIN; SELECT set_config('jit', 'off', true), {NO_SYNC_COMMIT},
+       set_config('statement_timeout', '{statement_ms}', true),
+       set_config('idle_in_transaction_session_timeout', '{idle_ms}', true),
+       pg_advisory_xact_lock_shared({HOLD_CLASS}, {key})",
+            key = self.lock_key,
+        )
+    }
+}
+
+/// `template` with its marks replaced by `limit` and `window`.
+fn fill(template: &str, limit: i64, window: i64) -> String {
+    template
+        .replace(LIMIT_MARK, &limit.to_string())
+        .replace(WINDOW_MARK, &window.to_string())
 }
 
 impl SpoolSql {
     pub(crate) fn build(layout: &Layout) -> Self {
         let explain = |sql: &str| format!("EXPLAIN (ANALYZE, BUFFERS) {sql}").into();
+        let held = layout.scope.is_none().then(|| HeldSql {
+            lock_key: lock_key(layout, 0),
+            explain_first: format!("EXPLAIN (ANALYZE, BUFFERS) {}", claim_first(layout)),
+            claim_first: claim_first(layout),
+            explain_window: format!(
+                "EXPLAIN (ANALYZE, BUFFERS) {}",
+                claim_window(layout, Hold::Transaction)
+            ),
+            explain_keys: explain(&claim_keys(layout, Hold::Transaction)),
+            claim_window: claim_window(layout, Hold::Transaction),
+            claim_keys: claim_keys(layout, Hold::Transaction).into(),
+            settle: settle(layout, false, Hold::Transaction).into(),
+            settle_delete: settle(layout, true, Hold::Transaction).into(),
+            done_inline: settle_done_inline(layout, false),
+            delete_inline: settle_done_inline(layout, true),
+        });
         Self {
             display: layout.display.clone(),
             scoped: layout.scope.is_some(),
             lock: lock(layout).into(),
-            explain_window: explain(&claim_window(layout)),
-            explain_keys: explain(&claim_keys(layout)),
-            claim_window: claim_window(layout).into(),
-            claim_keys: claim_keys(layout).into(),
-            settle: settle(layout, false).into(),
-            settle_delete: settle(layout, true).into(),
+            explain_window: explain(&claim_window(layout, Hold::Lease)),
+            explain_keys: explain(&claim_keys(layout, Hold::Lease)),
+            claim_window: claim_window(layout, Hold::Lease).into(),
+            claim_keys: claim_keys(layout, Hold::Lease).into(),
+            settle: settle(layout, false, Hold::Lease).into(),
+            settle_delete: settle(layout, true, Hold::Lease).into(),
             purge: purge(layout).into(),
+            held,
         }
     }
 }
@@ -166,36 +331,292 @@ fn free(layout: &Layout, alias: &str) -> String {
     )
 }
 
-/// Marks the locked rows that keep every key a prefix, leases them and returns them.
+/// Where a claim statement takes a value from: a parameter, or a literal filled in per
+/// call (see [`HeldSql::claim_window`]).
+#[derive(Clone, Copy, Default)]
+enum Arg {
+    #[default]
+    None,
+    Param(usize),
+    Literal(&'static str),
+}
+
+impl std::fmt::Display for Arg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => Ok(()),
+            Self::Param(n) => write!(f, "${n}"),
+            Self::Literal(mark) => f.write_str(mark),
+        }
+    }
+}
+
+/// Marks in the held step 1's statement, replaced by numbers per call.
+const LIMIT_MARK: &str = "@limit@";
+const WINDOW_MARK: &str = "@window@";
+
+/// Where the values of a claim statement come from. They differ between the hold modes,
+/// as held claims bind no token, lease or scope, and fill step 1's limits in as literals.
+#[derive(Default)]
+struct Params {
+    token: usize,
+    limit: Arg,
+    lease: usize,
+    /// Step 1: rows in the window.
+    window: Arg,
+    /// Step 2: the key the scan starts from, and how many keys it probes.
+    cursor: Arg,
+    scan: Arg,
+    scope: usize,
+}
+
+impl Params {
+    /// Step 1: lease `$1` token, `$2` limit, `$3` lease ms, `$4` window, `[$5 scope]`;
+    /// held: no parameters (the limit and the window are literals).
+    fn window(hold: Hold) -> Self {
+        match hold {
+            Hold::Lease => Self {
+                token: 1,
+                limit: Arg::Param(2),
+                lease: 3,
+                window: Arg::Param(4),
+                scope: 5,
+                ..Self::default()
+            },
+            Hold::Transaction => Self {
+                limit: Arg::Literal(LIMIT_MARK),
+                window: Arg::Literal(WINDOW_MARK),
+                ..Self::default()
+            },
+        }
+    }
+
+    /// Step 2: lease `$1` token, `$2` limit, `$3` lease ms, `$4` cursor, `$5` keys to
+    /// scan, `[$6 scope]`; held `$1` limit, `$2` cursor, `$3` keys to scan.
+    fn keys(hold: Hold) -> Self {
+        match hold {
+            Hold::Lease => Self {
+                token: 1,
+                limit: Arg::Param(2),
+                lease: 3,
+                cursor: Arg::Param(4),
+                scan: Arg::Param(5),
+                scope: 6,
+                ..Self::default()
+            },
+            Hold::Transaction => Self {
+                limit: Arg::Param(1),
+                cursor: Arg::Param(2),
+                scan: Arg::Param(3),
+                ..Self::default()
+            },
+        }
+    }
+}
+
+/// How a claim statement locks its picked rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    /// All picked rows in one pass.
+    Picked,
+    /// A held claim's step 1: first the first picked row of each key (and the rows
+    /// without a key), then the other picked rows of the keys whose first row it locked.
+    HeadsFirst,
+}
+
+/// Locks the picked rows (`picked`: `seq`, `k`), keeps those that keep every key a
+/// prefix, and returns them: the CTEs up to `claimed`.
 ///
-/// `locked` holds the rows this statement locked (`seq`, `k`, `tid`), `scope_rows` the
-/// rows whose keys must stay prefixes (`seq`, `k`): a locked row is leased only if no row
-/// of its key in `scope_rows` that comes before it went unlocked (skipped because another
-/// transaction holds it, or dropped on recheck). `scope_rows` must hold, for each key,
-/// every row that comes before a row the statement tried to lock; rows after them do not
-/// change the outcome. The update finds each locked row by the `ctid` the lock returned
-/// (a TID scan, no index descent), checked against its `seq`.
-fn lease_and_return(layout: &Layout, scope_rows: &str) -> String {
+/// `scope_rows` holds the rows whose keys must stay prefixes (`seq`, `k`): a locked row
+/// is kept only if no row of its key in `scope_rows` that comes before it went unlocked
+/// (skipped because another transaction holds it, or dropped on recheck). `scope_rows`
+/// must hold, for each key, every row that comes before a row the statement tried to
+/// lock; rows after them do not change the outcome.
+///
+/// A leased claim then writes its token and lease end into the kept rows, finding each
+/// by the `ctid` the lock returned (a TID scan, no index descent), checked against its
+/// `seq`, and returns them as updated; the lease frees the rows it locked and did not
+/// keep when it commits, at once. A held claim returns the kept rows as locked and
+/// writes nothing: the lock, held to the end of its transaction, is the claim. So it
+/// must lock little it does not keep, or other claims would find those rows held for as
+/// long as it delivers: it locks each key's first row before the key's other rows
+/// ([`Locking::HeadsFirst`], or heads locked by the statement before), so that a key
+/// held by another claim costs one skipped row, not a locked run behind a gap.
+fn lock_and_return(
+    layout: &Layout,
+    hold: Hold,
+    locking: Locking,
+    scope_rows: &str,
+    p: &Params,
+) -> String {
     let c = &layout.col;
+    let locked = match hold {
+        Hold::Lease => format!(
+            "locked AS (
+  SELECT o.{seq} AS seq, o.{key} AS k, o.ctid AS tid FROM {table} AS o
+  WHERE o.{seq} IN (SELECT p.seq FROM picked AS p)
+    AND o.{status} = 'pending'{scope_o} AND {free_o}
+  FOR UPDATE OF o SKIP LOCKED
+)",
+            free_o = free(layout, "o"),
+            scope_o = scope(layout, "o", p.scope),
+            table = layout.table,
+            seq = c.seq,
+            key = c.key,
+            status = c.status,
+        ),
+        Hold::Transaction => {
+            // `tid` is where the locked row (its newest version) is.
+            let lock = |name: &str, rows: &str, limit: &str| {
+                format!(
+                    "{name} AS (
+  SELECT t.{seq} AS seq, t.{key} AS k, t.ctid AS tid
+  FROM {table} AS t
+  WHERE {rows}
+    AND t.{status} = 'pending' AND {free_t}{limit}
+  FOR UPDATE OF t SKIP LOCKED
+)",
+                    free_t = free(layout, "t"),
+                    table = layout.table,
+                    seq = c.seq,
+                    key = c.key,
+                    status = c.status,
+                )
+            };
+            match locking {
+                Locking::Picked => lock(
+                    "locked",
+                    &format!("t.{} IN (SELECT p.seq FROM picked AS p)", c.seq),
+                    "",
+                ),
+                // By `ctid` (TID scans, no index descent): `picked` carries where each
+                // row was in the window's snapshot. A row changed since cannot be
+                // locked there (the newest version is elsewhere), and drops out, as on
+                // recheck. `rest_locked` joins `first_locked`, so a key's other rows
+                // are locked only after its first row was. Each lock takes the first
+                // rows in `seq` order up to the limit, skipping locked ones: the limit
+                // counts rows locked (`LockRows` runs below `Limit`), so rows other
+                // claims hold do not take the places of free ones.
+                Locking::HeadsFirst => format!(
+                    "head_rows AS (
+  SELECT p.tid FROM picked AS p
+  WHERE p.k IS NULL
+     OR p.seq IN (SELECT min(q.seq) FROM picked AS q WHERE q.k IS NOT NULL GROUP BY q.k)
+),
+{first},
+{rest},
+locked AS (SELECT * FROM first_locked UNION ALL SELECT * FROM rest_locked)",
+                    first = lock(
+                        "first_locked",
+                        "t.ctid = ANY(ARRAY(SELECT h.tid FROM head_rows AS h))",
+                        &format!("\n  ORDER BY t.{} LIMIT {}", c.seq, p.limit),
+                    ),
+                    rest = lock(
+                        "rest_locked",
+                        "t.ctid = ANY(ARRAY(SELECT p.tid FROM picked AS p \
+                         JOIN first_locked AS f ON f.k = p.k WHERE p.seq > f.seq))",
+                        &format!(
+                            "\n  ORDER BY t.{} LIMIT {} - (SELECT count(*) FROM first_locked)",
+                            c.seq, p.limit
+                        ),
+                    ),
+                ),
+            }
+        }
+    };
+    let claimed = match hold {
+        Hold::Lease => format!(
+            "UPDATE {table} AS t
+  SET {lease_token} = ${token}::uuid, {lease_until} = statement_timestamp() + {lease}
+  FROM locked AS l LEFT JOIN gaps AS g ON g.k = l.k
+  WHERE t.ctid = l.tid AND t.{seq} = l.seq AND {KEEPS}
+  RETURNING t.{seq} AS seq, t.{attempts} AS attempts, {item}",
+            table = layout.table,
+            seq = c.seq,
+            attempts = c.attempts,
+            lease_token = c.lease_token,
+            lease_until = c.lease_until,
+            token = p.token,
+            lease = millis_param(p.lease),
+            item = layout.item,
+        ),
+        // The item is read here, for the kept rows only, at the places locked (a TID
+        // scan each): read in the locks, it would be read for every row the locks look
+        // at, which is twice as many in step 1 (a row's text conversions cost more than
+        // finding it again).
+        Hold::Transaction => format!(
+            "SELECT l.seq AS seq, l.tid::text AS tid, t.{attempts} AS attempts, {item}
+  FROM locked AS l
+  JOIN {table} AS t ON t.ctid = l.tid
+  LEFT JOIN gaps AS g ON g.k = l.k
+  WHERE {KEEPS}",
+            table = layout.table,
+            attempts = c.attempts,
+            item = layout.item,
+        ),
+    };
     format!(
-        "gaps AS (
+        "{locked},
+gaps AS (
   SELECT r.k, min(r.seq) AS first_gap FROM {scope_rows} AS r
   WHERE r.k IS NOT NULL AND r.seq NOT IN (SELECT l.seq FROM locked AS l)
   GROUP BY r.k
 ),
 claimed AS (
-  UPDATE {table} AS t
-  SET {lease_token} = $1::uuid, {lease_until} = statement_timestamp() + {lease}
-  FROM locked AS l LEFT JOIN gaps AS g ON g.k = l.k
-  WHERE t.ctid = l.tid AND t.{seq} = l.seq AND (l.k IS NULL OR g.first_gap IS NULL OR l.seq < g.first_gap)
-  RETURNING t.{seq} AS seq, t.{attempts} AS attempts, {item}
-)",
+  {claimed}
+)"
+    )
+}
+
+/// A locked row `l` is kept: it has no key, or no row of its key went unlocked before it.
+const KEEPS: &str = "(l.k IS NULL OR g.first_gap IS NULL OR l.seq < g.first_gap)";
+
+/// A held claim's fast claim: the first free rows in `seq` order, locked
+/// `FOR UPDATE SKIP LOCKED` up to the limit (the raw relay loop's claim), and whether any
+/// of them is *blocked*: has an earlier pending row of its key that this statement did
+/// not lock (held by another claim, not due, leased, or changed since the statement's
+/// snapshot). Every such row lies before the last row locked, so one range scan of the
+/// pending rows up to it finds them all (`skipped`), and a hash join with the locked
+/// rows' keys decides it: cheaper than a probe of the key index per locked row, which
+/// also walks the entries the key's deleted rows leave until vacuum. If none is blocked,
+/// the locked rows are every key's prefix and the claim is complete: the rows are
+/// returned (read at the places locked, as in [`lock_and_return`]). If one is, no row is
+/// returned, and the caller rolls the transaction back (it locked rows it must not hold)
+/// and claims with step 1 instead.
+///
+/// With many keys and one relay (or a few) nothing is blocked, and this costs little
+/// more than the raw loop's `DELETE ... RETURNING`, where step 1's window with its
+/// aggregates costs about half as much again; with hot keys and several relays, most
+/// fast claims are blocked, and the caller stops trying them for a while.
+fn claim_first(layout: &Layout) -> String {
+    let c = &layout.col;
+    format!(
+        "WITH locked AS (
+  SELECT o.{seq} AS seq, o.{key} AS k, o.ctid AS tid FROM {table} AS o
+  WHERE o.{status} = 'pending' AND {free_o}
+  ORDER BY o.{seq}
+  LIMIT {LIMIT_MARK}
+  FOR UPDATE OF o SKIP LOCKED
+),
+skipped AS MATERIALIZED (
+  SELECT s.{seq} AS seq, s.{key} AS k FROM {table} AS s
+  WHERE s.{status} = 'pending' AND s.{seq} < (SELECT max(l.seq) FROM locked AS l)
+    AND s.{seq} NOT IN (SELECT l.seq FROM locked AS l)
+),
+blocked AS MATERIALIZED (
+  SELECT EXISTS (
+    SELECT FROM skipped AS x JOIN locked AS l ON l.k = x.k AND x.seq < l.seq
+  ) AS blocked
+)
+SELECT l.seq AS seq, l.tid::text AS tid, t.{attempts} AS attempts, {item}, b.blocked
+FROM blocked AS b
+LEFT JOIN (locked AS l JOIN {table} AS t ON t.ctid = l.tid) ON NOT b.blocked",
         table = layout.table,
         seq = c.seq,
+        key = c.key,
+        status = c.status,
         attempts = c.attempts,
-        lease_token = c.lease_token,
-        lease_until = c.lease_until,
-        lease = millis_param(3),
+        free_o = free(layout, "o"),
         item = layout.item,
     )
 }
@@ -207,42 +628,60 @@ claimed AS (
 /// its key in the window is under a live lease, and no earlier row of its key is blocked
 /// (not due, or leased). The picked rows are locked `FOR UPDATE SKIP LOCKED`; a key whose
 /// earlier row could not be locked keeps only the rows before it.
-fn claim_window(layout: &Layout) -> String {
+///
+/// A leased claim picks the first rows by the rule up to its limit and locks them. Rows
+/// held by held claims look free in the window (nothing is written into them), so a held
+/// claim picks every row the rule allows and locks within its limit instead: first the
+/// first picked row of each key (and the rows without a key), in `seq` order, skipping
+/// the locked ones, then the keys' later rows; see [`lock_and_return`].
+fn claim_window(layout: &Layout, hold: Hold) -> String {
     let c = &layout.col;
-    let scope_o = scope(layout, "o", 5);
+    let p = Params::window(hold);
+    let scope_o = scope(layout, "o", p.scope);
+    let (tid, w_tid, pick_limit, last) = match hold {
+        Hold::Lease => (
+            "",
+            "",
+            format!("\n  ORDER BY w.seq\n  LIMIT {}", p.limit),
+            "SELECT max(p.seq) FROM picked AS p",
+        ),
+        // Locked by where the window found them.
+        Hold::Transaction => (
+            " o.ctid AS tid,",
+            ", w.tid",
+            String::new(),
+            "SELECT max(l.seq) FROM locked AS l",
+        ),
+    };
+    let locking = match hold {
+        Hold::Lease => Locking::Picked,
+        Hold::Transaction => Locking::HeadsFirst,
+    };
     format!(
         "WITH win AS MATERIALIZED (
-  SELECT o.{seq} AS seq, o.{key} AS k,
+  SELECT o.{seq} AS seq, o.{key} AS k,{tid}
          (o.{available_at} > statement_timestamp()
           OR o.{lease_until} > statement_timestamp()) IS TRUE AS blocked,
          (o.{lease_until} > statement_timestamp()) IS TRUE AS held
   FROM {table} AS o
   WHERE o.{status} = 'pending'{scope_o}
   ORDER BY o.{seq}
-  LIMIT $4
+  LIMIT {window}
 ),
 keys AS (
   SELECT w.k, min(w.seq) FILTER (WHERE w.blocked) AS first_blocked, bool_or(w.held) AS held
   FROM win AS w WHERE w.k IS NOT NULL GROUP BY w.k
 ),
 picked AS (
-  SELECT w.seq, w.k FROM win AS w LEFT JOIN keys AS ks ON ks.k = w.k
+  SELECT w.seq, w.k{w_tid} FROM win AS w LEFT JOIN keys AS ks ON ks.k = w.k
   WHERE NOT w.blocked
     AND (w.k IS NULL
-         OR (NOT ks.held AND (ks.first_blocked IS NULL OR w.seq < ks.first_blocked)))
-  ORDER BY w.seq
-  LIMIT $2
+         OR (NOT ks.held AND (ks.first_blocked IS NULL OR w.seq < ks.first_blocked))){pick_limit}
 ),
-locked AS (
-  SELECT o.{seq} AS seq, o.{key} AS k, o.ctid AS tid FROM {table} AS o
-  WHERE o.{seq} IN (SELECT p.seq FROM picked AS p)
-    AND o.{status} = 'pending'{scope_o} AND {free_o}
-  FOR UPDATE OF o SKIP LOCKED
-),
-{lease}
+{lock}
 SELECT c.*, f.window_full, f.window_used
-FROM (SELECT count(*) >= $4 AS window_full,
-             count(*) FILTER (WHERE w.seq <= (SELECT max(p.seq) FROM picked AS p)) AS window_used
+FROM (SELECT count(*) >= {window} AS window_full,
+             count(*) FILTER (WHERE w.seq <= ({last})) AS window_used
       FROM win AS w) AS f
 LEFT JOIN claimed AS c ON true",
         table = layout.table,
@@ -251,11 +690,11 @@ LEFT JOIN claimed AS c ON true",
         status = c.status,
         available_at = c.available_at,
         lease_until = c.lease_until,
-        free_o = free(layout, "o"),
+        window = p.window,
         // A key's picked rows are its first rows in the window (all of them before its
         // first blocked row, cut by the limit), and its rows before the window's first
         // are not pending: so the picked rows hold every row before a picked one.
-        lease = lease_and_return(layout, "picked"),
+        lock = lock_and_return(layout, hold, locking, "picked", &p),
     )
 }
 
@@ -280,14 +719,30 @@ fn key_order(layout: &Layout, alias: &str) -> String {
 /// each (a loose scan of the pending key index, from a cursor that moves on every call),
 /// whose head row is free, oldest head first; each contributes its free prefix (a fair
 /// share of the limit); unordered rows come from their own index.
-fn claim_keys(layout: &Layout) -> String {
+///
+/// A held claim locks the free heads as it picks them (`SKIP LOCKED`, below the
+/// limit), so that keys whose heads other held claims lock (which look free: nothing
+/// is written into them) neither take the places of free keys nor get their later rows
+/// locked; and it picks every head it locked before any other row, so that it claims
+/// them all. It may find rows its own step 1 claimed (its own locks do not stop it);
+/// the caller drops those.
+fn claim_keys(layout: &Layout, hold: Hold) -> String {
     let c = &layout.col;
-    let scope_o = scope(layout, "o", 6);
-    let scope_x = scope(layout, "x", 6);
+    let p = Params::keys(hold);
+    let scope_o = scope(layout, "o", p.scope);
+    let scope_x = scope(layout, "x", p.scope);
+    // A held claim locks the heads it picks, and then picks all of them first.
+    let (lock_heads, heads_first) = match hold {
+        Hold::Lease => ("", ""),
+        Hold::Transaction => (
+            "\n  FOR UPDATE OF o SKIP LOCKED",
+            "u.seq IN (SELECT f.seq FROM free_heads AS f) DESC, ",
+        ),
+    };
     format!(
         "WITH RECURSIVE heads(k, seq, n) AS (
   (SELECT o.{key}, o.{seq}, 1 FROM {table} AS o
-   WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL AND o.{key} >= $4{scope_o}
+   WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL AND o.{key} >= {cursor}{scope_o}
    ORDER BY o.{key}, o.{seq} LIMIT 1)
   UNION ALL
   SELECT nx.k, nx.seq, h.n + 1 FROM heads AS h
@@ -295,13 +750,13 @@ fn claim_keys(layout: &Layout) -> String {
     SELECT o.{key} AS k, o.{seq} AS seq FROM {table} AS o
     WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL AND o.{key} > h.k{scope_o}
     ORDER BY o.{key}, o.{seq} LIMIT 1) AS nx
-  WHERE h.n <= $5
+  WHERE h.n <= {scan}
 ),
 free_heads AS (
   SELECT h.k, h.seq FROM heads AS h JOIN {table} AS o ON o.{seq} = h.seq
-  WHERE h.n <= $5 AND o.{status} = 'pending' AND {free_o}
+  WHERE h.n <= {scan} AND o.{status} = 'pending' AND {free_o}
   ORDER BY h.seq
-  LIMIT $2
+  LIMIT {limit}{lock_heads}
 ),
 runs AS (
   SELECT r.seq, r.k, r.ok FROM free_heads AS f
@@ -313,56 +768,78 @@ runs AS (
       WHERE x.{status} = 'pending'{scope_x} AND x.{key} IS NOT NULL
         AND ({key_order_x}) >= ({key_from_f})
       ORDER BY {key_order_x}
-      LIMIT (SELECT ($2 + count(*) - 1) / greatest(count(*), 1) FROM free_heads)) AS s
+      LIMIT (SELECT ({limit} + count(*) - 1) / greatest(count(*), 1) FROM free_heads)) AS s
     WHERE s.k = f.k) AS r
 ),
 unkeyed AS (
   SELECT o.{seq} AS seq, NULL::text AS k, true AS ok FROM {table} AS o
   WHERE o.{status} = 'pending' AND o.{key} IS NULL{scope_o} AND {free_o}
   ORDER BY o.{seq}
-  LIMIT $2
+  LIMIT {limit}
 ),
 picked AS (
-  SELECT u.seq FROM (SELECT * FROM runs UNION ALL SELECT * FROM unkeyed) AS u
+  SELECT u.seq, u.k FROM (SELECT * FROM runs UNION ALL SELECT * FROM unkeyed) AS u
   WHERE u.ok
-  ORDER BY u.seq
-  LIMIT $2
+  ORDER BY {heads_first}u.seq
+  LIMIT {limit}
 ),
-locked AS (
-  SELECT o.{seq} AS seq, o.{key} AS k, o.ctid AS tid FROM {table} AS o
-  WHERE o.{seq} IN (SELECT p.seq FROM picked AS p)
-    AND o.{status} = 'pending'{scope_o} AND {free_o}
-  FOR UPDATE OF o SKIP LOCKED
-),
-{lease}
+{lock}
 SELECT c.*, nc.next_cursor
-FROM (SELECT (SELECT h.k FROM heads AS h WHERE h.n = $5 + 1) AS next_cursor) AS nc
+FROM (SELECT (SELECT h.k FROM heads AS h WHERE h.n = {scan} + 1) AS next_cursor) AS nc
 LEFT JOIN claimed AS c ON true",
         table = layout.table,
         seq = c.seq,
         key = c.key,
         status = c.status,
+        cursor = p.cursor,
+        scan = p.scan,
+        limit = p.limit,
         free_o = free(layout, "o"),
         free_x = free(layout, "x"),
         key_order_x = key_order(layout, "x"),
         key_from_f = match layout.scope {
-            Some(_) => "$6, f.k, f.seq",
-            None => "f.k, f.seq",
+            Some(_) => format!("${}, f.k, f.seq", p.scope),
+            None => "f.k, f.seq".to_owned(),
         },
-        lease = lease_and_return(layout, "runs"),
+        lock = lock_and_return(layout, hold, Locking::Picked, "runs", &p),
     )
 }
 
-/// All settlements of a claim in one statement, each row filtered by the claim's token.
-fn settle(layout: &Layout, delete_done: bool) -> String {
+/// All settlements of a claim in one statement. A leased claim's are each filtered by
+/// its token; a held claim's need no filter (its transaction holds the rows, and the
+/// caller passes only rows it claimed), and a release is nothing to write for it (the
+/// commit ends the hold).
+fn settle(layout: &Layout, delete_done: bool, hold: Hold) -> String {
     let c = &layout.col;
-    let scope_t = scope(layout, "t", 6);
+    // Lease: `$1` token, `$2`..`$5` the arrays, `[$6 scope]`; held: `$1`..`$5` the
+    // arrays, with the rows' places (`ctid`s) first.
+    let (arrays, scope_param) = match hold {
+        Hold::Lease => (
+            "unnest($2::bigint[], $3::int4[], $4::int8[], $5::text[])
+    AS u(seq, op, delay_ms, error)",
+            6,
+        ),
+        Hold::Transaction => (
+            "unnest($1::text[]::tid[], $2::bigint[], $3::int4[], $4::int8[], $5::text[])
+    AS u(tid, seq, op, delay_ms, error)",
+            0,
+        ),
+    };
+    // A held claim's rows are found where they are (TID scans): its transaction holds
+    // them, so they cannot have moved.
+    let row = |alias: &str| match hold {
+        Hold::Lease => format!("{alias}.{} = s.seq", c.seq),
+        Hold::Transaction => format!("{alias}.ctid = s.tid AND {alias}.{} = s.seq", c.seq),
+    };
     let owned = |alias: &str| {
+        let token = match hold {
+            Hold::Lease => format!("{alias}.{} = $1::uuid AND ", c.lease_token),
+            Hold::Transaction => String::new(),
+        };
         format!(
-            "{alias}.{lease_token} = $1::uuid AND {alias}.{status} = 'pending'{scope}",
-            lease_token = c.lease_token,
+            "{token}{alias}.{status} = 'pending'{scope}",
             status = c.status,
-            scope = scope(layout, alias, 6),
+            scope = scope(layout, alias, scope_param),
         )
     };
     let (with_delete, skip_done) = if delete_done {
@@ -370,11 +847,11 @@ fn settle(layout: &Layout, delete_done: bool) -> String {
             format!(
                 "gone AS (
   DELETE FROM {table} AS d USING s
-  WHERE d.{seq} = s.seq AND s.op = {OP_DONE} AND {owned_d}
+  WHERE {row_d} AND s.op = {OP_DONE} AND {owned_d}
 ),
 ",
                 table = layout.table,
-                seq = c.seq,
+                row_d = row("d"),
                 owned_d = owned("d"),
             ),
             format!(" AND s.op <> {OP_DONE}"),
@@ -382,10 +859,14 @@ fn settle(layout: &Layout, delete_done: bool) -> String {
     } else {
         (String::new(), String::new())
     };
+    let (skip_release, sync) = match hold {
+        Hold::Lease => (String::new(), format!(", {NO_SYNC_COMMIT}")),
+        // `synchronous_commit` was set when the claim's transaction began.
+        Hold::Transaction => (format!(" WHERE u.op <> {OP_RELEASE}"), String::new()),
+    };
     format!(
         "WITH s AS (
-  SELECT * FROM unnest($2::bigint[], $3::int4[], $4::int8[], $5::text[])
-    AS u(seq, op, delay_ms, error)
+  SELECT * FROM {arrays}{skip_release}
 ),
 {with_delete}upd AS (
   UPDATE {table} AS t SET
@@ -400,12 +881,11 @@ fn settle(layout: &Layout, delete_done: bool) -> String {
     {lease_token} = NULL,
     {lease_until} = NULL
   FROM s
-  WHERE t.{seq} = s.seq{skip_done} AND t.{lease_token} = $1::uuid AND t.{status} = 'pending'{scope_t}
+  WHERE {row_t}{skip_done} AND {owned_t}
   RETURNING 1
 )
-SELECT count(*), {NO_SYNC_COMMIT} FROM upd",
+SELECT count(*){sync} FROM upd",
         table = layout.table,
-        seq = c.seq,
         status = c.status,
         attempts = c.attempts,
         available_at = c.available_at,
@@ -414,6 +894,33 @@ SELECT count(*), {NO_SYNC_COMMIT} FROM upd",
         dead_at = c.dead_at,
         lease_token = c.lease_token,
         lease_until = c.lease_until,
+        row_t = row("t"),
+        owned_t = owned("t"),
+    )
+}
+
+/// A held claim's settlement when every row was delivered, as a statement with the rows'
+/// places written in: `{prefix}"(0,1)","(0,2)"{suffix}`. It carries no parameters, so it
+/// rides in one message with the `COMMIT` that follows it (see [`HeldSql::begin`]); with
+/// `delete_done` it deletes the rows, else it marks them done.
+fn settle_done_inline(layout: &Layout, delete_done: bool) -> (String, String) {
+    let c = &layout.col;
+    let prefix = if delete_done {
+        format!("DELETE FROM {table} AS t", table = layout.table)
+    } else {
+        format!(
+            "UPDATE {table} AS t SET {status} = 'done', {done_at} = statement_timestamp(), \
+             {lease_token} = NULL, {lease_until} = NULL",
+            table = layout.table,
+            status = c.status,
+            done_at = c.done_at,
+            lease_token = c.lease_token,
+            lease_until = c.lease_until,
+        )
+    };
+    (
+        format!("{prefix} WHERE t.ctid = ANY('{{"),
+        format!("}}'::tid[]) AND t.{} = 'pending'", c.status),
     )
 }
 

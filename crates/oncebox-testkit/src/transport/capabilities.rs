@@ -30,7 +30,8 @@ pub struct Capabilities {
     /// deliveries (JetStream, RabbitMQ quorum queues, Redis Streams); Kafka reports 1.
     pub delivery_count: bool,
     /// A nack's delay is honoured: the message does not come back sooner (JetStream
-    /// `NAK` with delay); RabbitMQ requeues at once.
+    /// `NAK` with delay, or a client that holds the delivery for the delay before it
+    /// requeues it, as oncebox's RabbitMQ subscriber does).
     pub nack_delay: bool,
     /// A group created after messages were published still receives them (a stream read
     /// from its start, a Kafka group at the earliest offset).

@@ -6,6 +6,8 @@
 //! baseline's work in plain SQL: the claim-and-delete statement of the raw relay loop,
 //! and the bulk fill of the outbox.
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
@@ -35,9 +37,15 @@ pub(crate) trait Backend: Send + Sync + Sized {
     /// Empties the outbox table, so that every run starts from the same state.
     fn reset_outbox(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
 
-    /// Adds `messages` pending, valid rows spread over `keys` keys to the outbox, as
-    /// fast as the store allows (not timed), and refreshes the table's statistics.
-    fn prefill(&self, messages: u64, keys: u32) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Adds `messages` pending, valid rows on `topic` spread over `keys` keys to the
+    /// outbox, as fast as the store allows (not timed), and refreshes the table's
+    /// statistics.
+    fn prefill(
+        &self,
+        topic: &str,
+        messages: u64,
+        keys: u32,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// The baseline relay's whole step: one statement that takes the first `limit`
     /// pending rows off the table and returns them, in `seq` order.

@@ -123,11 +123,11 @@ impl Backend for PgBench {
             .context("emptying the outbox")
     }
 
-    async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()> {
+    async fn prefill(&self, topic: &str, messages: u64, keys: u32) -> anyhow::Result<()> {
         sqlx::query(AssertSqlSafe(self.fill.clone()))
             .bind(i64::try_from(messages)?)
             .bind(i64::from(keys))
-            .bind(workload::TOPIC)
+            .bind(topic)
             .bind(workload::KIND)
             .bind(workload::payload())
             .execute(self.store.pool())

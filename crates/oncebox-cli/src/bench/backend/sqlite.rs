@@ -74,14 +74,16 @@ impl Backend for SqliteBench {
         Ok(())
     }
 
-    async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()> {
+    async fn prefill(&self, topic: &str, messages: u64, keys: u32) -> anyhow::Result<()> {
         let outbox = self.store.outbox();
         let mut n = 0;
         while n < messages {
             let end = (n + FILL_CHUNK).min(messages);
             let mut tx = self.store.pool().begin_with("BEGIN IMMEDIATE").await?;
             for i in n..end {
-                outbox.enqueue(&mut tx, &workload::message(i, keys)).await?;
+                outbox
+                    .enqueue(&mut tx, &workload::message(topic, i, keys))
+                    .await?;
             }
             tx.commit().await?;
             n = end;

@@ -1,0 +1,374 @@
+//! The wire format every broker transport shares: CloudEvents binary content mode.
+//!
+//! A message travels as the broker's native body (the payload, untouched) plus headers.
+//! The message's own fields become CloudEvents attributes, named with the broker's
+//! header prefix; the message's [`Headers`] travel beside them unchanged, among them
+//! [`traceparent`](crate::TRACEPARENT). A consumer in any language reads them with its
+//! CloudEvents SDK or by name:
+//!
+//! | attribute | from | example |
+//! |---|---|---|
+//! | `specversion` | always `1.0` | `1.0` |
+//! | `id` | [`Message::id`] | `01936f1e-8a5c-7d2e-9b1a-3f4e5d6c7b8a` |
+//! | `source` | the publisher's [`WireFormat::with_source`] (default `oncebox`) | `/orders-service` |
+//! | `type` | [`Message::kind`], left out when empty | `order.placed` |
+//! | `subject` | [`Message::key`], left out when `None` | `order-42` |
+//! | `time` | [`Message::created_at`], RFC 3339, UTC | `2026-11-21T13:05:09.123456Z` |
+//!
+//! | broker | prefix | so the id is | constructor |
+//! |---|---|---|---|
+//! | Kafka | `ce_` | `ce_id` | [`WireFormat::kafka`] |
+//! | NATS | `ce-` | `ce-id` | [`WireFormat::nats`] |
+//! | AMQP (RabbitMQ) | `cloudEvents_` (`cloudEvents:` read too) | `cloudEvents_id` | [`WireFormat::amqp`] |
+//! | Redis Streams | `ce_` (fields of the entry) | `ce_id` | [`WireFormat::redis`] |
+//!
+//! Reading is lenient, so that messages of producers that do not use oncebox still
+//! arrive: an attribute that is missing leaves its field empty, and one that does not
+//! parse (an `id` that is not a UUID, a `time` that is not RFC 3339) stays in the
+//! headers under the name `ce_<attribute>`, where an
+//! [`IdStrategy::Header`](crate::consumer::IdStrategy::Header) can still use it.
+//! Extension attributes are kept the same way (`ce_partitionkey`, say). Only what no
+//! [`Headers`] value may hold (bytes that are not UTF-8, control characters) is refused,
+//! with an [`InvalidMessage`] for the transport to dead-letter.
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use crate::error::excerpt;
+use crate::{Coordinates, Headers, InvalidMessage, Message, MessageId, Received};
+
+/// The CloudEvents version written in `specversion`.
+pub const SPEC_VERSION: &str = "1.0";
+
+/// The `source` attribute written when the publisher sets none.
+pub const DEFAULT_SOURCE: &str = "oncebox";
+
+/// The name under which an attribute that cannot fill its field (an unparsable id, an
+/// extension) is kept in [`Received::headers`]: `ce_` and the attribute name.
+pub fn kept_header_name(attribute: &str) -> String {
+    format!("ce_{attribute}")
+}
+
+/// How one broker names CloudEvents attributes, and the `source` a publisher writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireFormat {
+    prefix: &'static str,
+    also_read: &'static [&'static str],
+    source: Cow<'static, str>,
+}
+
+impl WireFormat {
+    /// Kafka's binding: headers `ce_id`, `ce_type`, ...
+    pub const fn kafka() -> Self {
+        Self::with_prefix("ce_", &[])
+    }
+
+    /// NATS's binding: headers `ce-id`, `ce-type`, ...
+    pub const fn nats() -> Self {
+        Self::with_prefix("ce-", &[])
+    }
+
+    /// AMQP's binding: application properties `cloudEvents_id`, ...; the older
+    /// `cloudEvents:id` spelling is read too.
+    pub const fn amqp() -> Self {
+        Self::with_prefix("cloudEvents_", &["cloudEvents:"])
+    }
+
+    /// Redis Streams (no official binding; Kafka's naming): entry fields `ce_id`, ...
+    pub const fn redis() -> Self {
+        Self::with_prefix("ce_", &[])
+    }
+
+    const fn with_prefix(prefix: &'static str, also_read: &'static [&'static str]) -> Self {
+        Self {
+            prefix,
+            also_read,
+            source: Cow::Borrowed(DEFAULT_SOURCE),
+        }
+    }
+
+    /// Sets the `source` attribute written on every message (a URI reference naming the
+    /// producing service, such as `/orders-service`).
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<Cow<'static, str>>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// The header prefix this format writes.
+    pub fn prefix(&self) -> &'static str {
+        self.prefix
+    }
+
+    /// The `source` this format writes.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The header name of `attribute` (`"id"` → `"ce_id"` for Kafka).
+    pub fn header_name(&self, attribute: &str) -> String {
+        format!("{}{attribute}", self.prefix)
+    }
+
+    /// The headers that carry `message`: its CloudEvents attributes first, then its own
+    /// headers. The payload travels as the broker's body, untouched.
+    pub fn encode(&self, message: &Message) -> Vec<(String, String)> {
+        let mut fields = Vec::with_capacity(6 + message.headers.len());
+        fields.push((self.header_name("specversion"), SPEC_VERSION.to_owned()));
+        fields.push((self.header_name("id"), message.id.to_string()));
+        fields.push((self.header_name("source"), self.source.to_string()));
+        if !message.kind.is_empty() {
+            fields.push((self.header_name("type"), message.kind.clone()));
+        }
+        if let Some(key) = &message.key {
+            fields.push((self.header_name("subject"), key.clone()));
+        }
+        fields.push((self.header_name("time"), format_time(message.created_at)));
+        fields.extend(
+            message
+                .headers
+                .iter()
+                .map(|(name, value)| (name.to_owned(), value.to_owned())),
+        );
+        fields
+    }
+
+    /// Reads a delivery's headers (`fields`, as raw bytes) back into a [`Received`].
+    ///
+    /// `topic` is where it arrived; a transport whose broker has a native key (Kafka)
+    /// sets [`Received::key`] itself when the `subject` attribute is missing.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidMessage::InvalidHeader`] for a header no [`Headers`] may hold; the
+    /// transport dead-letters such a delivery with the error as the reason.
+    pub fn decode<'a>(
+        &self,
+        topic: &str,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        payload: Bytes,
+        coordinates: Coordinates,
+        delivery_count: u32,
+    ) -> Result<Received, InvalidMessage> {
+        let mut received = Received {
+            id: None,
+            topic: topic.to_owned(),
+            key: None,
+            kind: String::new(),
+            headers: Headers::new(),
+            payload,
+            created_at: None,
+            coordinates,
+            delivery_count,
+        };
+        for (name, value) in fields {
+            let Some(attribute) = self.attribute_of(name) else {
+                received.headers.insert_bytes(name, value)?;
+                continue;
+            };
+            let value = std::str::from_utf8(value).map_err(|_| InvalidMessage::InvalidHeader {
+                name: excerpt(&String::from_utf8_lossy(name)),
+                reason: "value is not UTF-8",
+            })?;
+            let kept = match attribute {
+                "specversion" | "source" => None,
+                "id" => match MessageId::parse(value) {
+                    Ok(id) => {
+                        received.id = Some(id);
+                        None
+                    }
+                    Err(_) => Some(value),
+                },
+                "type" => {
+                    value.clone_into(&mut received.kind);
+                    None
+                }
+                "subject" => {
+                    received.key = Some(value.to_owned());
+                    None
+                }
+                "time" => match parse_time(value) {
+                    Some(time) => {
+                        received.created_at = Some(time);
+                        None
+                    }
+                    None => Some(value),
+                },
+                _ => Some(value),
+            };
+            if let Some(value) = kept {
+                received
+                    .headers
+                    .insert(kept_header_name(attribute), value)?;
+            }
+        }
+        Ok(received)
+    }
+
+    /// The attribute `name` carries, if it has one of this format's prefixes.
+    fn attribute_of<'n>(&self, name: &'n [u8]) -> Option<&'n str> {
+        let name = std::str::from_utf8(name).ok()?;
+        std::iter::once(self.prefix)
+            .chain(self.also_read.iter().copied())
+            .find_map(|prefix| name.strip_prefix(prefix))
+            .filter(|attribute| !attribute.is_empty())
+    }
+}
+
+/// `time` as RFC 3339 in UTC with microseconds, as the `time` attribute carries it.
+pub fn format_time(time: SystemTime) -> String {
+    match jiff::Timestamp::try_from(time) {
+        Ok(timestamp) => format!("{timestamp:.6}"),
+        // Outside jiff's range (years beyond ±9999): write the epoch rather than fail a
+        // publish over a clock that far off; the id still identifies the message.
+        Err(_) => format!("{:.6}", jiff::Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// Parses an RFC 3339 time with any offset; `None` if it is not one.
+pub fn parse_time(text: &str) -> Option<SystemTime> {
+    text.parse::<jiff::Timestamp>().ok().map(SystemTime::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn decode(
+        format: &WireFormat,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<Received, InvalidMessage> {
+        format.decode(
+            "orders",
+            pairs.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
+            Bytes::from_static(b"{}"),
+            Coordinates::default(),
+            1,
+        )
+    }
+
+    #[test]
+    fn every_format_round_trips_a_message() {
+        let message = Message::new("orders", &b"{}"[..])
+            .with_key("order-42")
+            .with_kind("order.placed")
+            .with_header(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+            .expect("valid header");
+        for format in [
+            WireFormat::kafka(),
+            WireFormat::nats(),
+            WireFormat::amqp(),
+            WireFormat::redis(),
+        ] {
+            let encoded: Vec<(Vec<u8>, Vec<u8>)> = format
+                .encode(&message)
+                .into_iter()
+                .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+                .collect();
+            let received = decode(&format, &encoded).expect("decodes");
+            assert_eq!(received.id, Some(message.id), "{format:?}");
+            assert_eq!(received.key.as_deref(), Some("order-42"));
+            assert_eq!(received.kind, "order.placed");
+            assert_eq!(received.headers, message.headers, "{format:?}");
+            let sent = message
+                .created_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("after 1970");
+            let got = received
+                .created_at
+                .expect("time parsed")
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("after 1970");
+            assert!(
+                sent.abs_diff(got) < Duration::from_micros(1),
+                "{sent:?} vs {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn encode_names_attributes_with_the_broker_prefix() {
+        let message = Message::new("orders", &b""[..]);
+        let names: Vec<String> = WireFormat::nats()
+            .with_source("/shop")
+            .encode(&message)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["ce-specversion", "ce-id", "ce-source", "ce-time"]);
+        let source = WireFormat::amqp().with_source("/shop").encode(&message);
+        assert!(source.contains(&("cloudEvents_source".to_owned(), "/shop".to_owned())));
+    }
+
+    #[test]
+    fn foreign_messages_keep_what_does_not_parse() {
+        let pairs = fields(&[
+            ("ce_id", "order-42-v1"),
+            ("ce_time", "yesterday"),
+            ("ce_partitionkey", "p7"),
+            ("ce_type", "order.placed"),
+            ("x-tenant", "acme"),
+        ]);
+        let received = decode(&WireFormat::kafka(), &pairs).expect("decodes");
+        assert_eq!(received.id, None);
+        assert_eq!(received.created_at, None);
+        assert_eq!(received.kind, "order.placed");
+        assert_eq!(received.headers.get("ce_id"), Some("order-42-v1"));
+        assert_eq!(received.headers.get("ce_time"), Some("yesterday"));
+        assert_eq!(received.headers.get("ce_partitionkey"), Some("p7"));
+        assert_eq!(received.headers.get("x-tenant"), Some("acme"));
+    }
+
+    #[test]
+    fn a_message_without_attributes_arrives_bare() {
+        let received = decode(&WireFormat::redis(), &[]).expect("decodes");
+        assert_eq!(
+            (received.id, received.key, received.kind.as_str()),
+            (None, None, "")
+        );
+        assert!(received.headers.is_empty());
+    }
+
+    #[test]
+    fn amqp_reads_the_colon_spelling_too() {
+        let id = MessageId::new();
+        let pairs = fields(&[("cloudEvents:id", &id.to_string())]);
+        assert_eq!(
+            decode(&WireFormat::amqp(), &pairs).expect("decodes").id,
+            Some(id)
+        );
+    }
+
+    #[test]
+    fn times_with_offsets_are_read() {
+        let utc = parse_time("2026-11-21T13:05:09Z").expect("utc");
+        let offset = parse_time("2026-11-21T15:05:09+02:00").expect("offset");
+        assert_eq!(utc, offset);
+        assert_eq!(format_time(utc), "2026-11-21T13:05:09.000000Z");
+    }
+
+    #[test]
+    fn headers_that_are_not_text_are_refused() {
+        let pairs = vec![(b"x-blob".to_vec(), vec![0xff, 0xfe])];
+        assert!(matches!(
+            decode(&WireFormat::kafka(), &pairs),
+            Err(InvalidMessage::InvalidHeader { .. })
+        ));
+        let pairs = vec![(b"ce_type".to_vec(), vec![0xff])];
+        assert!(decode(&WireFormat::kafka(), &pairs).is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! The one place where sqlx errors become oncebox errors, typed errors for values that do
+//! not fit a column, and for rows that cannot be read back.
+
+use std::fmt;
+
+use oncebox_core::Error;
+use sqlx::Row;
+use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
+
+/// MySQL / MariaDB error numbers worth retrying, exactly.
+const TRANSIENT_NUMBERS: &[u16] = &[
+    1040, // ER_CON_COUNT_ERROR: too many connections
+    1203, // ER_TOO_MANY_USER_CONNECTIONS
+    1205, // ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
+    1213, // ER_LOCK_DEADLOCK: the transaction was rolled back
+    1053, // ER_SERVER_SHUTDOWN
+    1077, // ER_NORMAL_SHUTDOWN
+    1079, // ER_SHUTDOWN_COMPLETE
+    1317, // ER_QUERY_INTERRUPTED
+    1927, // ER_CONNECTION_KILLED (MariaDB)
+    1969, // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+    3024, // ER_QUERY_TIMEOUT (MySQL max_execution_time)
+    1021, // ER_DISK_FULL
+    1041, // ER_OUT_OF_RESOURCES
+    1637, // ER_TOO_MANY_CONCURRENT_TRXS
+];
+
+/// SQLSTATE classes worth retrying: connection exceptions (`08`) and serialization
+/// failures (`40`: deadlocks, rollbacks).
+const TRANSIENT_CLASSES: &[&str] = &["08", "40"];
+
+/// Duplicate entry for a unique key (`ER_DUP_ENTRY`, `ER_DUP_ENTRY_WITH_KEY_NAME`).
+const DUPLICATE_KEY: &[u16] = &[1062, 1586];
+
+/// Classifies a sqlx error: deadlocks, lock wait and statement timeouts, server
+/// shutdowns, connection errors, resource exhaustion, I/O errors and pool timeouts are
+/// transient; a closed pool is [`Error::Closed`]; everything else (constraints, schema,
+/// SQL, data too long) is permanent.
+pub(crate) fn store_error(error: sqlx::Error) -> Error {
+    match &error {
+        sqlx::Error::PoolClosed => Error::Closed,
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => Error::store_transient(error),
+        sqlx::Error::Database(db) => {
+            let number = db
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number);
+            if is_transient(number, db.code().as_deref()) {
+                Error::store_transient(error)
+            } else {
+                Error::store_permanent(error)
+            }
+        }
+        _ => Error::store_permanent(error),
+    }
+}
+
+fn is_transient(number: Option<u16>, sqlstate: Option<&str>) -> bool {
+    number.is_some_and(|n| TRANSIENT_NUMBERS.contains(&n))
+        || sqlstate.is_some_and(|code| TRANSIENT_CLASSES.iter().any(|c| code.starts_with(c)))
+}
+
+/// Whether `error` reports a duplicate entry for a unique key. In MySQL this fails the
+/// statement only: the transaction stays usable.
+pub(crate) fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
+        .is_some_and(|db| DUPLICATE_KEY.contains(&db.number()))
+}
+
+/// A value longer than the column that would hold it: refused before any statement
+/// runs, never truncated (a truncated dedup id would collide with another).
+///
+/// The source of a permanent [`Error::Store`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueTooLong {
+    what: &'static str,
+    len: usize,
+    limit: usize,
+}
+
+impl ValueTooLong {
+    /// What the value is (`"key"`, `"dedup id"`...).
+    pub fn what(&self) -> &str {
+        self.what
+    }
+
+    /// Its length, in the column's unit (bytes, or characters for text columns).
+    pub fn length(&self) -> usize {
+        self.len
+    }
+
+    /// The column's capacity, in the same unit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl fmt::Display for ValueTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the {} is {} long, over the column's limit of {}",
+            self.what, self.len, self.limit
+        )
+    }
+}
+
+impl std::error::Error for ValueTooLong {}
+
+/// Refuses a value of more than `limit` bytes (for `VARBINARY` columns).
+pub(crate) fn check_bytes(what: &'static str, value: &str, limit: usize) -> Result<(), Error> {
+    if value.len() > limit {
+        return Err(Error::store_permanent(ValueTooLong {
+            what,
+            len: value.len(),
+            limit,
+        }));
+    }
+    Ok(())
+}
+
+/// Refuses a text of more than `limit` characters (for `VARCHAR` columns).
+pub(crate) fn check_chars(what: &'static str, value: &str, limit: usize) -> Result<(), Error> {
+    // Cheap first: a text of at most `limit` bytes has at most `limit` characters.
+    if value.len() > limit {
+        let chars = value.chars().count();
+        if chars > limit {
+            return Err(Error::store_permanent(ValueTooLong {
+                what,
+                len: chars,
+                limit,
+            }));
+        }
+    }
+    Ok(())
+}
+
+pub use oncebox_core::RowDecodeError;
+
+/// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names
+/// the row.
+pub(crate) struct RowReader<'r> {
+    row: &'r MySqlRow,
+    table: &'r str,
+    name: String,
+}
+
+impl<'r> RowReader<'r> {
+    pub(crate) fn new(row: &'r MySqlRow, table: &'r str, name: impl fmt::Display) -> Self {
+        Self {
+            row,
+            table,
+            name: name.to_string(),
+        }
+    }
+
+    /// A decode error for `column` of this row.
+    pub(crate) fn error(&self, column: &'static str, reason: impl fmt::Display) -> RowDecodeError {
+        RowDecodeError::new(self.table, &self.name, column, reason)
+    }
+
+    /// The value of `column`.
+    pub(crate) fn get<T>(&self, column: &'static str) -> Result<T, RowDecodeError>
+    where
+        T: for<'a> sqlx::Decode<'a, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+    {
+        self.row
+            .try_get::<T, _>(column)
+            .map_err(|e| self.error(column, e))
+    }
+
+    /// A non-negative `INT` column as `u32`.
+    pub(crate) fn count(&self, column: &'static str) -> Result<u32, RowDecodeError> {
+        let value: i32 = self.get(column)?;
+        u32::try_from(value)
+            .map_err(|_| self.error(column, format!("{value} is not a valid count")))
+    }
+
+    /// A `VARBINARY` column holding UTF-8 text (keys, ids).
+    pub(crate) fn text(&self, column: &'static str) -> Result<Option<String>, RowDecodeError> {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|bytes| {
+                String::from_utf8(bytes).map_err(|e| self.error(column, format!("not UTF-8: {e}")))
+            })
+            .transpose()
+    }
+
+    /// A `BINARY(16)` column holding a UUID.
+    pub(crate) fn uuid(&self, column: &'static str) -> Result<Option<uuid::Uuid>, RowDecodeError> {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|bytes| {
+                uuid::Uuid::from_slice(&bytes)
+                    .map_err(|_| self.error(column, format!("{} bytes is not a UUID", bytes.len())))
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classified() {
+        for number in [1205, 1213, 1040, 1927, 1969, 3024] {
+            assert!(is_transient(Some(number), Some("HY000")), "{number}");
+        }
+        assert!(is_transient(None, Some("08S01")));
+        assert!(is_transient(Some(1213), Some("40001")));
+        for (number, state) in [
+            (1062, "23000"),
+            (1146, "42S02"),
+            (1064, "42000"),
+            (1406, "22001"),
+        ] {
+            assert!(!is_transient(Some(number), Some(state)), "{number}");
+        }
+        assert!(!is_transient(None, None));
+    }
+
+    #[test]
+    fn pool_errors() {
+        assert!(store_error(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(matches!(
+            store_error(sqlx::Error::PoolClosed),
+            Error::Closed
+        ));
+        assert!(!store_error(sqlx::Error::RowNotFound).is_transient());
+    }
+
+    #[test]
+    fn long_values_are_refused_not_cut() {
+        assert!(check_bytes("key", &"k".repeat(512), 512).is_ok());
+        let error = check_bytes("key", &"k".repeat(513), 512).unwrap_err();
+        assert!(!error.is_transient());
+        assert!(error.to_string().contains("513"), "{error}");
+        // 255 characters of 2 bytes each fit a VARCHAR(255); 256 do not.
+        assert!(check_chars("topic", &"é".repeat(255), 255).is_ok());
+        assert!(check_chars("topic", &"é".repeat(256), 255).is_err());
+    }
+}

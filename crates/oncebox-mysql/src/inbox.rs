@@ -1,0 +1,153 @@
+//! The transactional inbox on MySQL / MariaDB.
+
+use std::time::SystemTime;
+
+use oncebox_core::store::{InboxStore, Recorded, Transactional};
+use oncebox_core::{Bytes, Result};
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, Transaction};
+
+use crate::error::{check_bytes, is_duplicate_key, store_error};
+use crate::sql::{begin_read_committed, ms_since, now_ms, query, sql_limit};
+
+/// Longest consumer name, in bytes (`VARBINARY(255)`).
+pub(crate) const MAX_CONSUMER_BYTES: usize = 255;
+/// Longest id, in bytes (`VARBINARY(1024)`).
+pub(crate) const MAX_ID_BYTES: usize = 1024;
+
+/// `?` consumer, `?` id.
+const RECORD: &str = concat!(
+    "INSERT INTO oncebox_inbox (consumer, message_id, processed_at) VALUES (?, ?, ",
+    now_ms!(),
+    ")"
+);
+
+/// `?` consumer, `?` id → `result`; a locking read, so it reads the latest committed
+/// record whatever the transaction's isolation level.
+const STORED_RESULT: &str = "SELECT result FROM oncebox_inbox
+WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE";
+
+/// `?` result, `?` consumer, `?` id.
+const STORE_RESULT: &str =
+    "UPDATE oncebox_inbox SET result = ? WHERE consumer = ? AND message_id = ?";
+
+/// `?` consumer, `?` id, `?` result.
+const INSERT_RESULT: &str = concat!(
+    "INSERT INTO oncebox_inbox (consumer, message_id, result, processed_at) VALUES (?, ?, ?, ",
+    now_ms!(),
+    ")"
+);
+
+/// `?` age ms, `?` limit.
+const PURGE: &str = concat!(
+    "DELETE FROM oncebox_inbox WHERE processed_at < ",
+    now_ms!(),
+    " - ? ORDER BY processed_at LIMIT ?"
+);
+
+/// The transactional inbox: records of the ids each consumer processed, written in the
+/// handler's transaction (table `oncebox_inbox`, keyed by consumer and id).
+///
+/// [`record`](InboxStore::record) is a plain `INSERT` under the primary key, never a
+/// read first: of concurrent transactions recording the same id, one inserts and the
+/// others wait on the key until it commits (then their insert fails with a duplicate
+/// key, which MySQL reports for the statement only, and they read its result with a
+/// locking read) or rolls back (then one of them inserts). Transactions use the
+/// connection's isolation level (InnoDB's default is `REPEATABLE READ`); the handler
+/// runs its queries on `&mut **tx`.
+///
+/// Ids are compared byte for byte and hold at most 1024 bytes; consumer names at most
+/// 255.
+#[derive(Debug, Clone)]
+pub struct MySqlInbox {
+    pool: MySqlPool,
+}
+
+impl MySqlInbox {
+    pub(crate) fn new(pool: MySqlPool) -> Self {
+        Self { pool }
+    }
+}
+
+impl Transactional for MySqlInbox {
+    type Tx = Transaction<'static, MySql>;
+
+    async fn begin(&self) -> Result<Self::Tx> {
+        self.pool.begin().await.map_err(store_error)
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(store_error)
+    }
+}
+
+impl InboxStore for MySqlInbox {
+    async fn record(&self, tx: &mut Self::Tx, consumer: &str, id: &str) -> Result<Recorded> {
+        check_bytes("consumer", consumer, MAX_CONSUMER_BYTES)?;
+        check_bytes("message id", id, MAX_ID_BYTES)?;
+        let inserted = query(RECORD)
+            .bind(consumer.as_bytes().to_vec())
+            .bind(id.as_bytes().to_vec())
+            .execute(&mut **tx)
+            .await;
+        match inserted {
+            Ok(_) => return Ok(Recorded::New),
+            Err(e) if is_duplicate_key(&e) => {}
+            Err(e) => return Err(store_error(e)),
+        }
+        let result: Option<Option<Vec<u8>>> = sqlx::query_scalar(STORED_RESULT)
+            .bind(consumer.as_bytes().to_vec())
+            .bind(id.as_bytes().to_vec())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(store_error)?;
+        Ok(Recorded::Duplicate {
+            result: result.flatten().map(Bytes::from).unwrap_or_default(),
+        })
+    }
+
+    async fn store_result(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        id: &str,
+        result: &[u8],
+    ) -> Result<()> {
+        check_bytes("consumer", consumer, MAX_CONSUMER_BYTES)?;
+        check_bytes("message id", id, MAX_ID_BYTES)?;
+        // The connection reports rows *matched* (sqlx sets CLIENT_FOUND_ROWS), so 0 means
+        // the record is missing, never that the result was already this one.
+        let updated = query(STORE_RESULT)
+            .bind(result.to_vec())
+            .bind(consumer.as_bytes().to_vec())
+            .bind(id.as_bytes().to_vec())
+            .execute(&mut **tx)
+            .await
+            .map_err(store_error)?;
+        if updated.rows_affected() == 0 {
+            query(INSERT_RESULT)
+                .bind(consumer.as_bytes().to_vec())
+                .bind(id.as_bytes().to_vec())
+                .bind(result.to_vec())
+                .execute(&mut **tx)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut tx = begin_read_committed(&self.pool).await?;
+        let deleted = query(PURGE)
+            .bind(ms_since(before))
+            .bind(sql_limit(limit))
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(deleted.rows_affected())
+    }
+}

@@ -1,0 +1,43 @@
+//! The embedded schema and its migrator.
+
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+/// The table in which [`migrator`] records applied migrations, in the connection's
+/// database, apart from the application's own `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_oncebox_migrations";
+
+/// The schema, version 1: the raw SQL of `migrations/0001_init.sql`, for teams that apply
+/// migrations with their own tool:
+///
+/// ```text
+/// mysql --database=app < migrations/0001_init.sql
+/// ```
+///
+/// It creates oncebox's tables (all named `oncebox_*`) in the current database. Every
+/// statement is idempotent, which matters on MySQL: each DDL statement commits on its
+/// own, so a run that stopped half way is finished by running the file again.
+pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
+
+/// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
+///
+/// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
+/// migrate through a connection or pool of your own:
+///
+/// ```no_run
+/// # async fn demo(pool: &sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
+/// oncebox_mysql::migrator().run(pool).await?;
+/// # Ok(()) }
+/// ```
+pub fn migrator() -> Migrator {
+    let migrations = vec![Migration::new(
+        1,
+        "oncebox init".into(),
+        MigrationType::Simple,
+        SCHEMA_V1.into_sql_str(),
+        false,
+    )];
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}

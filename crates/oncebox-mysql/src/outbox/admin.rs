@@ -1,0 +1,235 @@
+//! What operators ask of the outbox: counts, dead letters, replay, one row's state.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use oncebox_core::time::from_unix_millis;
+use oncebox_core::{Error, Message, MessageId, Result};
+use sqlx::Row;
+
+use super::{MySqlOutbox, TABLE};
+use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::spool::SpoolRow;
+use crate::spool::sql::{DEAD, DONE, NO_TOKEN, PENDING};
+use crate::sql::{NOW_MS, begin_read_committed, query, sql_limit, uuid_bytes};
+
+pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
+
+struct AdminSql {
+    stats: String,
+    /// `?` limit.
+    dead_letters: String,
+    /// `?` id → `seq`, `key` of the dead row, locked.
+    find_dead: String,
+    /// `?` key → the latest live lease of the key's pending rows.
+    key_lease: String,
+    /// `?` lease until, `?` seq.
+    replay: String,
+    /// `?` id.
+    status: String,
+}
+
+static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
+    stats: format!(
+        "SELECT
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS pending,
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DONE}) AS done,
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
+  (SELECT {NOW_MS} - created_at FROM {TABLE} WHERE status = {PENDING} ORDER BY seq LIMIT 1)
+    AS oldest_pending_ms"
+    ),
+    dead_letters: format!(
+        "SELECT t.seq, t.attempts, t.id, t.topic, t.`key`, t.kind, t.headers, t.payload,
+       t.created_at, t.last_error, t.dead_at
+FROM {TABLE} AS t WHERE t.status = {DEAD} ORDER BY t.seq LIMIT ?"
+    ),
+    find_dead: format!(
+        "SELECT seq, `key` FROM {TABLE} WHERE id = ? AND status = {DEAD} FOR UPDATE"
+    ),
+    key_lease: format!(
+        "SELECT MAX(lease_until) FROM {TABLE}
+WHERE status = {PENDING} AND `key` = ? AND lease_until > {NOW_MS}"
+    ),
+    replay: format!(
+        "UPDATE {TABLE}
+SET status = {PENDING}, attempts = 0, available_at = {NOW_MS}, dead_at = 0,
+    lease_token = {NO_TOKEN}, lease_until = ?
+WHERE seq = ? AND status = {DEAD}"
+    ),
+    status: format!(
+        "SELECT seq, status, attempts, last_error, available_at, lease_until, done_at, dead_at
+FROM {TABLE} WHERE id = ?"
+    ),
+});
+
+impl MySqlOutbox {
+    /// Counts rows by status and measures the oldest pending age, in one statement. Each
+    /// count walks the `(status, seq)` index over its status, so on tables with millions
+    /// of done rows call it at the pace of a dashboard, not per message.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn stats(&self) -> Result<OutboxStats> {
+        let row = query(&SQL.stats)
+            .fetch_one(self.pool())
+            .await
+            .map_err(store_error)?;
+        let count = |column: &str| -> Result<u64> {
+            let n: i64 = row.try_get(column).map_err(store_error)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
+        Ok(OutboxStats {
+            pending: count("pending")?,
+            done: count("done")?,
+            dead: count("dead")?,
+            oldest_pending_age: oldest
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        })
+    }
+
+    /// The first `limit` dead letters, in commit order.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent store error with a
+    /// [`RowDecodeError`] source naming the row if a dead row
+    /// cannot be decoded (written by something other than oncebox: fix or delete it
+    /// with SQL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let rows = query(&SQL.dead_letters)
+            .bind(sql_limit(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(store_error)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get("seq").map_err(store_error)?;
+                let reader = RowReader::new(row, TABLE, format_args!("seq {seq}"));
+                decode_dead_letter(seq, &reader).map_err(Error::from)
+            })
+            .collect()
+    }
+
+    /// Puts the dead message `id` back in line: pending, due now, attempts reset to 0
+    /// (its last error is kept). Returns whether a dead message with that id was found.
+    ///
+    /// The row keeps its place in commit order, so it is published before the later
+    /// pending messages of its key, which wait for it. If a relay holds later messages
+    /// of its key right now, the replayed row waits until that relay's lease ends, so
+    /// that the key is never on two relays at once: the replay takes the claim lock, and
+    /// gives the row a lease without a holder until then.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one transaction, applied entirely or not at all.
+    pub async fn replay_dead(&self, id: MessageId) -> Result<bool> {
+        let mut tx = begin_read_committed(self.pool()).await?;
+        query(&super::SPOOL.lock)
+            .bind(TABLE.as_bytes().to_vec())
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let found = query(&SQL.find_dead)
+            .bind(uuid_bytes(id.as_uuid()))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let Some(found) = found else {
+            return Ok(false);
+        };
+        let seq: i64 = found.try_get("seq").map_err(store_error)?;
+        let key: Option<Vec<u8>> = found.try_get("key").map_err(store_error)?;
+        let held_until: Option<i64> = match key {
+            Some(key) => sqlx::query_scalar(SQL.key_lease.as_str())
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(store_error)?,
+            None => None,
+        };
+        query(&SQL.replay)
+            .bind(held_until.unwrap_or(0))
+            .bind(seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        self.wake();
+        Ok(true)
+    }
+
+    /// The state of the row of message `id`, or `None` if there is none (never
+    /// enqueued, purged after publishing, or deleted on publish).
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one with a [`RowDecodeError`]
+    /// source if the row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn status(&self, id: MessageId) -> Result<Option<RowState>> {
+        let row = query(&SQL.status)
+            .bind(uuid_bytes(id.as_uuid()))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
+        Ok(Some(decode_state(&reader)?))
+    }
+}
+
+fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDecodeError> {
+    let message = Message::decode(row)?;
+    let dead_at: i64 = row.get("dead_at")?;
+    Ok(DeadLetter {
+        seq,
+        id: message.id,
+        message,
+        attempts: row.count("attempts")?,
+        reason: row.get::<Option<String>>("last_error")?.unwrap_or_default(),
+        dead_at: from_unix_millis(dead_at),
+    })
+}
+
+fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+    let status: i8 = row.get("status")?;
+    let status = match status {
+        PENDING => RowStatus::Pending,
+        DONE => RowStatus::Done,
+        DEAD => RowStatus::Dead,
+        other => return Err(row.error("status", format!("unknown status {other}"))),
+    };
+    // 0 is "never" in the settlement and lease columns.
+    let time = |column: &'static str| -> Result<Option<SystemTime>, RowDecodeError> {
+        let ms: i64 = row.get(column)?;
+        Ok((ms != 0).then(|| from_unix_millis(ms)))
+    };
+    Ok(RowState {
+        seq: row.get("seq")?,
+        status,
+        attempts: row.count("attempts")?,
+        last_error: row.get("last_error")?,
+        available_at: from_unix_millis(row.get("available_at")?),
+        leased_until: time("lease_until")?,
+        settled_at: time("done_at")?.or(time("dead_at")?),
+    })
+}

@@ -1,0 +1,474 @@
+//! Claim, settle and purge over a spool table; shared by the outbox and the durable
+//! inbox, which differ only in their [`Layout`]. The crate docs ("Claiming") describe
+//! the algorithm.
+
+mod explain;
+mod rule;
+mod settle;
+pub(crate) mod sql;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use oncebox_core::Result;
+use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement};
+use sqlx::Row;
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
+
+use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::sql::{
+    MAX_LIST, MySqlQuery, begin_read_committed, bind_list, duration_ms, query, query_owned,
+    sql_limit, uuid_bytes, with_list,
+};
+use rule::Pending;
+pub(crate) use sql::{Layout, SpoolSql};
+
+/// Step 1 reads the first pending rows, adaptively between at least this many (or a
+/// quarter more than the rows asked for)...
+const MIN_SMALL_WINDOW: usize = 128;
+/// ...and at most this many...
+const MIN_WINDOW: usize = 1024;
+/// ...or this many per row asked for.
+const WINDOW_PER_ROW: usize = 4;
+/// Step 2 probes at most this many keys...
+const MIN_KEY_SCAN: usize = 128;
+/// ...or this many per row asked for.
+const KEYS_PER_ROW: usize = 2;
+
+/// An item stored in a spool table, read back from a claimed row.
+pub(crate) trait SpoolRow: Sized {
+    /// Decodes the item from the columns of the table's [`Layout::item`].
+    fn decode(row: &RowReader<'_>) -> Result<Self, RowDecodeError>;
+}
+
+/// One spool table, optionally scoped to a consumer.
+#[derive(Debug, Clone)]
+pub(crate) struct SpoolTable {
+    pool: MySqlPool,
+    sql: &'static SpoolSql,
+    scope: Option<Arc<str>>,
+    /// The row of `oncebox_claim_locks` that serialises the claims of this table.
+    lock_name: Arc<str>,
+    /// Where step 2's scan of keys resumes; shared by clones, so that successive claims of
+    /// a process move through the whole key space.
+    cursor: Arc<Mutex<Vec<u8>>>,
+    /// The next default window, from what the last step 1 needed (see [`next_window`]).
+    /// Shared by clones, like the cursor.
+    window_hint: Arc<AtomicUsize>,
+    /// A fixed window, if set.
+    window: Option<usize>,
+}
+
+impl SpoolTable {
+    pub(crate) fn new(pool: MySqlPool, sql: &'static SpoolSql, scope: Option<Arc<str>>) -> Self {
+        let lock_name = match &scope {
+            Some(scope) => format!("{}:{scope}", sql.table),
+            None => sql.table.to_owned(),
+        };
+        Self {
+            pool,
+            sql,
+            scope,
+            lock_name: Arc::from(lock_name),
+            cursor: Arc::default(),
+            window_hint: Arc::default(),
+            window: None,
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    pub(crate) fn table(&self) -> &'static str {
+        self.sql.table
+    }
+
+    pub(crate) fn set_window(&mut self, rows: usize) {
+        self.window = Some(rows.max(1));
+    }
+
+    /// The window of step 1 for a claim of `limit` rows: the fixed size if set; else a
+    /// quarter more than the last step 1 needed (the window's rows up to its last picked
+    /// one), between `max(128, 1.25 × limit)` and `max(1024, 4 × limit)`; the upper
+    /// bound after a claim that found too few rows in a full window.
+    fn window(&self, limit: usize) -> usize {
+        if let Some(window) = self.window {
+            return window;
+        }
+        let (low, high) = window_bounds(limit);
+        self.window_hint.load(Ordering::Relaxed).clamp(low, high)
+    }
+
+    fn adapt_window(&self, limit: usize, used: usize, short: bool) {
+        if self.window.is_none() {
+            let next = next_window(limit, used, short);
+            self.window_hint.store(next, Ordering::Relaxed);
+        }
+    }
+
+    /// Binds the scope (the consumer), if the table has one.
+    pub(crate) fn scoped(&self, query: MySqlQuery) -> MySqlQuery {
+        match (&self.scope, self.sql.scoped) {
+            (Some(scope), true) => query.bind(scope.as_bytes().to_vec()),
+            _ => query,
+        }
+    }
+
+    /// Claims rows in a transaction of its own.
+    pub(crate) async fn claim<T: SpoolRow>(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<T>>> {
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = begin_read_committed(&self.pool).await?;
+        let rows = self.claim_in(&mut tx, request).await?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(self.decode_all(request.token, rows).await)
+    }
+
+    /// Settles the rows of claim `token`, then claims, in one transaction: the claim sees
+    /// the settlements, and a failure applies neither.
+    pub(crate) async fn settle_and_claim<T: SpoolRow>(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        delete_done: bool,
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<T>>> {
+        let mut tx = begin_read_committed(&self.pool).await?;
+        // Before the claim lock, which other relays wait for: settling needs no lock of
+        // its own (it touches only rows leased to `token`).
+        self.settle_in(&mut tx, token, settlements, delete_done)
+            .await?;
+        let rows = if request.limit == 0 {
+            Vec::new()
+        } else {
+            self.claim_in(&mut tx, request).await?
+        };
+        tx.commit().await.map_err(store_error)?;
+        Ok(self.decode_all(request.token, rows).await)
+    }
+
+    /// The claim's statements in `conn`'s transaction: the lock, step 1 and, if needed,
+    /// step 2; returns the claimed rows, not yet decoded.
+    async fn claim_in(
+        &self,
+        conn: &mut MySqlConnection,
+        request: &ClaimRequest,
+    ) -> Result<Vec<(i64, MySqlRow)>> {
+        let lease = Lease {
+            token: uuid_bytes(request.token.as_uuid()),
+            ms: duration_ms(request.lease).max(1),
+        };
+        query(&self.sql.lock)
+            .bind(self.lock_name.as_bytes().to_vec())
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        let (_, high) = window_bounds(request.limit);
+        let mut size = self.window(request.limit);
+        let mut claimed = Vec::new();
+        loop {
+            let want = request.limit.saturating_sub(claimed.len());
+            let Some(step) = self.step_one(conn, size, want, &lease).await? else {
+                return Ok(claimed);
+            };
+            claimed.extend(step.leased);
+            let want = request.limit.saturating_sub(claimed.len());
+            let short = want > 0 && step.full;
+            if short && self.window.is_none() && size < high {
+                // Other relays hold more of the head than the window held: read the
+                // largest window once before probing keys one by one.
+                size = high;
+                continue;
+            }
+            self.adapt_window(request.limit, step.used, short);
+            if short {
+                claimed.extend(self.claim_keys(conn, want, step.now, &lease).await?);
+            }
+            return Ok(claimed);
+        }
+    }
+
+    /// Step 1 over a window of `size` rows, for at most `want` rows; `None` if nothing
+    /// is pending.
+    async fn step_one(
+        &self,
+        conn: &mut MySqlConnection,
+        size: usize,
+        want: usize,
+        lease: &Lease,
+    ) -> Result<Option<StepOne>> {
+        let rows = self
+            .scoped(query(&self.sql.window))
+            .bind(sql_limit(size))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let now: i64 = first.try_get("now_ms").map_err(store_error)?;
+        let window = rows.iter().map(pending).collect::<Result<Vec<_>>>()?;
+        let picked = rule::pick(&window, now, want);
+        let used = picked.last().map_or(0, |last| {
+            window.iter().take_while(|r| r.seq <= last.seq).count()
+        });
+        let leased = self.lock_and_lease(conn, &picked, now, lease).await?;
+        Ok(Some(StepOne {
+            leased,
+            now,
+            used,
+            full: window.len() >= size,
+        }))
+    }
+
+    /// Locks the `picked` rows that are still pending and free (skipping rows other
+    /// transactions hold), leases those that keep their keys prefixes, and returns them.
+    async fn lock_and_lease(
+        &self,
+        conn: &mut MySqlConnection,
+        picked: &[&Pending],
+        now: i64,
+        lease: &Lease,
+    ) -> Result<Vec<(i64, MySqlRow)>> {
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let seqs: Vec<i64> = picked.iter().map(|p| p.seq).collect();
+        let mut locked = Vec::with_capacity(seqs.len());
+        for chunk in seqs.chunks(MAX_LIST) {
+            let statement = with_list(&self.sql.lock_rows, chunk.len());
+            let rows = self
+                .scoped(bind_list(query_owned(statement), chunk))
+                .bind(now)
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(store_error)?;
+            for row in rows {
+                let seq: i64 = row.try_get("seq").map_err(store_error)?;
+                locked.push((seq, row));
+            }
+        }
+        let seqs: HashSet<i64> = locked.iter().map(|(seq, _)| *seq).collect();
+        let keep: HashSet<i64> = rule::leasable(picked, &seqs).into_iter().collect();
+        locked.retain(|(seq, _)| keep.contains(seq));
+        let leased: Vec<i64> = locked.iter().map(|(seq, _)| *seq).collect();
+        for chunk in leased.chunks(MAX_LIST) {
+            let statement = query_owned(with_list(&self.sql.lease, chunk.len()))
+                .bind(lease.token.clone())
+                .bind(now.saturating_add(lease.ms));
+            bind_list(statement, chunk)
+                .execute(&mut *conn)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(locked)
+    }
+
+    /// Step 2, when step 1's window was full and yielded too few rows: finds keys whose
+    /// first pending row is free, one index probe per key from a cursor that moves on
+    /// with every claim, and takes a fair share of each one's free rows, plus free rows
+    /// without a key.
+    async fn claim_keys(
+        &self,
+        conn: &mut MySqlConnection,
+        want: usize,
+        now: i64,
+        lease: &Lease,
+    ) -> Result<Vec<(i64, MySqlRow)>> {
+        let scan = MIN_KEY_SCAN.max(want.saturating_mul(KEYS_PER_ROW));
+        let mut cursor = self.lock_cursor().clone();
+        let mut heads = Vec::new();
+        for _ in 0..scan {
+            let row = self
+                .scoped(query(&self.sql.next_head))
+                .bind(cursor.clone())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(store_error)?;
+            let Some(row) = row else {
+                cursor.clear();
+                break;
+            };
+            let head = pending(&row)?;
+            // The smallest key after this one: the key with a zero byte appended.
+            cursor = head.key.clone().unwrap_or_default();
+            cursor.push(0);
+            if !head.blocked(now) {
+                heads.push(head);
+                if heads.len() >= want {
+                    break;
+                }
+            }
+        }
+        self.lock_cursor().clone_from(&cursor);
+        heads.sort_by_key(|head| head.seq);
+        let mut candidates = Vec::new();
+        if !heads.is_empty() {
+            let share = want.div_ceil(heads.len());
+            for head in &heads {
+                let rows = self
+                    .scoped(query(&self.sql.key_rows))
+                    .bind(head.key.clone())
+                    .bind(head.seq)
+                    .bind(sql_limit(share))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(store_error)?
+                    .iter()
+                    .map(pending)
+                    .collect::<Result<Vec<_>>>()?;
+                candidates.extend(rule::free_run(&rows, now).into_iter().cloned());
+            }
+        }
+        let unkeyed = self
+            .scoped(query(&self.sql.unkeyed))
+            .bind(now)
+            .bind(now)
+            .bind(sql_limit(want))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        for row in &unkeyed {
+            candidates.push(pending(row)?);
+        }
+        candidates.sort_by_key(|c| c.seq);
+        candidates.truncate(want);
+        let picked: Vec<&Pending> = candidates.iter().collect();
+        self.lock_and_lease(conn, &picked, now, lease).await
+    }
+
+    fn lock_cursor(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.cursor.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Decodes committed claimed rows, in `seq` order; a row that does not decode is
+    /// marked dead with the reason (it can never be delivered, and must not stall the
+    /// spool) and skipped.
+    async fn decode_all<T: SpoolRow>(
+        &self,
+        token: LeaseToken,
+        rows: Vec<(i64, MySqlRow)>,
+    ) -> Vec<Claimed<T>> {
+        let mut claimed = Vec::with_capacity(rows.len());
+        for (seq, row) in &rows {
+            let reader = RowReader::new(row, self.sql.table, format_args!("seq {seq}"));
+            let decoded = reader
+                .count("attempts")
+                .and_then(|attempts| Ok((attempts, T::decode(&reader)?)));
+            match decoded {
+                Ok((attempts, item)) => claimed.push(Claimed {
+                    seq: *seq,
+                    token,
+                    attempts,
+                    item,
+                }),
+                Err(error) => self.dead_letter_undecodable(token, *seq, &error).await,
+            }
+        }
+        claimed.sort_by_key(|c| c.seq);
+        claimed
+    }
+
+    async fn dead_letter_undecodable(&self, token: LeaseToken, seq: i64, error: &RowDecodeError) {
+        tracing::warn!(table = self.sql.table, seq, %error, "undecodable row: dead-lettered");
+        let dead = [Settlement {
+            seq,
+            outcome: Settle::Dead {
+                reason: format!("undecodable row: {error}"),
+            },
+        }];
+        if let Err(error) = self.settle(token, &dead, false).await {
+            tracing::warn!(
+                table = self.sql.table, seq, %error,
+                "could not dead-letter an undecodable row; it stays leased until its lease ends"
+            );
+        }
+    }
+}
+
+/// What one pass of step 1 did.
+struct StepOne {
+    /// The rows it leased, not yet decoded.
+    leased: Vec<(i64, MySqlRow)>,
+    /// The database's clock when it read the window.
+    now: i64,
+    /// The window's rows up to its last picked one.
+    used: usize,
+    /// The window was full: more rows may be pending behind it.
+    full: bool,
+}
+
+/// What every leased row gets: the claim's token and the lease's length.
+struct Lease {
+    token: Vec<u8>,
+    ms: i64,
+}
+
+/// The bounds of the default window for a claim of `limit` rows.
+fn window_bounds(limit: usize) -> (usize, usize) {
+    let high = MIN_WINDOW.max(limit.saturating_mul(WINDOW_PER_ROW));
+    let low = MIN_SMALL_WINDOW
+        .max(limit.saturating_add(limit / 4))
+        .min(high);
+    (low, high)
+}
+
+/// The window after a step 1 of `limit` rows that needed `used` rows of its window.
+///
+/// A relay alone needs `limit` rows, and every row read costs a primary-key lookup (the
+/// window reads lease columns no index holds): it reads a quarter more. With other
+/// relays holding rows at the head, `used` counts their rows too, and the window grows
+/// with them. A window that comes back short is read again at the upper bound, in the
+/// same claim, before step 2 (a probe per key, each a round trip, under the claim lock):
+/// going straight to step 2 made four relays on 500 keys, killed at random, take twice
+/// as long to drain.
+fn next_window(limit: usize, used: usize, short: bool) -> usize {
+    let (low, high) = window_bounds(limit);
+    if short {
+        high
+    } else {
+        used.saturating_add(used / 4).clamp(low, high)
+    }
+}
+
+/// A pending row's bookkeeping, from a statement returning `seq`, `k`, `available_at`
+/// and `lease_until`.
+fn pending(row: &MySqlRow) -> Result<Pending> {
+    Ok(Pending {
+        seq: row.try_get("seq").map_err(store_error)?,
+        key: row.try_get("k").map_err(store_error)?,
+        available_at: row.try_get("available_at").map_err(store_error)?,
+        lease_until: row.try_get("lease_until").map_err(store_error)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_bounds_grow_with_the_limit() {
+        assert_eq!(window_bounds(8), (128, 1024));
+        assert_eq!(window_bounds(256), (320, 1024));
+        assert_eq!(window_bounds(1000), (1250, 4000));
+    }
+
+    #[test]
+    fn windows_follow_what_step_one_needed() {
+        assert_eq!(next_window(256, 256, false), 320, "alone: a quarter more");
+        assert_eq!(
+            next_window(256, 600, false),
+            750,
+            "a quarter more than needed"
+        );
+        assert_eq!(next_window(256, 900, false), 1024, "capped");
+        assert_eq!(next_window(256, 0, true), 1024, "short: the upper bound");
+    }
+}

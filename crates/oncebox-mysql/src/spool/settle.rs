@@ -1,0 +1,133 @@
+//! Settling claimed rows, and retention.
+
+use std::time::SystemTime;
+
+use oncebox_core::Result;
+use oncebox_core::spool::{LeaseToken, Settle, Settlement};
+use sqlx::mysql::MySqlConnection;
+
+use super::{SpoolTable, sql};
+use crate::error::store_error;
+use crate::sql::{
+    MAX_LIST, begin_read_committed, bind_list, ms_since, ms_until, query, query_owned, sql_limit,
+    uuid_bytes, with_list,
+};
+
+/// Longest error text kept in `last_error`, in characters.
+const MAX_ERROR_CHARS: usize = 2000;
+
+impl SpoolTable {
+    /// Applies every settlement in one transaction, each row filtered by `token`; with
+    /// `delete_done`, done rows are deleted instead of marked.
+    pub(crate) async fn settle(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        delete_done: bool,
+    ) -> Result<()> {
+        if settlements.is_empty() {
+            return Ok(());
+        }
+        let mut tx = begin_read_committed(&self.pool).await?;
+        self.settle_in(&mut tx, token, settlements, delete_done)
+            .await?;
+        tx.commit().await.map_err(store_error)
+    }
+
+    /// The settle statements, in `conn`'s transaction: one for the rows published
+    /// (marked done, or deleted with `delete_done`), one for the rows released, one for
+    /// the rows that failed (retried or dead); statements with no rows are skipped.
+    pub(super) async fn settle_in(
+        &self,
+        conn: &mut MySqlConnection,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        delete_done: bool,
+    ) -> Result<()> {
+        let token = uuid_bytes(token.as_uuid());
+        let mut done = Vec::new();
+        let mut released = Vec::new();
+        let mut failed = Vec::new();
+        for settlement in settlements {
+            match &settlement.outcome {
+                Settle::Done => done.push(settlement.seq),
+                Settle::Retry { at, error } => failed.push(serde_json::json!([
+                    settlement.seq,
+                    sql::OP_RETRY,
+                    ms_until(*at),
+                    cap_error(error)
+                ])),
+                Settle::Dead { reason } => failed.push(serde_json::json!([
+                    settlement.seq,
+                    sql::OP_DEAD,
+                    0,
+                    cap_error(reason)
+                ])),
+                // `Release`, and any outcome added to the core later: end the lease and
+                // count nothing, the one settlement that can never lose a row.
+                _ => released.push(settlement.seq),
+            }
+        }
+        let done_sql = if delete_done {
+            &self.sql.delete_done
+        } else {
+            &self.sql.done
+        };
+        for (template, seqs) in [(done_sql, &done), (&self.sql.release, &released)] {
+            for chunk in seqs.chunks(MAX_LIST) {
+                let statement = query_owned(with_list(template, chunk.len()));
+                self.scoped(bind_list(statement, chunk))
+                    .bind(token.clone())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(store_error)?;
+            }
+        }
+        if !failed.is_empty() {
+            let list = serde_json::Value::from(failed).to_string();
+            self.scoped(query(&self.sql.fail).bind(list))
+                .bind(token)
+                .execute(&mut *conn)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes at most `limit` done rows settled before `before`, oldest first.
+    pub(crate) async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut tx = begin_read_committed(&self.pool).await?;
+        let deleted = self
+            .scoped(query(&self.sql.purge))
+            .bind(ms_since(before))
+            .bind(sql_limit(limit))
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(deleted.rows_affected())
+    }
+}
+
+/// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary.
+pub(crate) fn cap_error(error: &str) -> String {
+    match error.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}…", &error[..cut]),
+        None => error.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_capped_on_char_boundaries() {
+        assert_eq!(cap_error("short"), "short");
+        let long = "é".repeat(MAX_ERROR_CHARS + 10);
+        assert_eq!(cap_error(&long).chars().count(), MAX_ERROR_CHARS + 1);
+    }
+}

@@ -1,0 +1,175 @@
+//! The statements of a spool table, built once per table from its [`Layout`].
+//!
+//! Parameters are `?` in text order; a scoped table (the durable inbox) binds its
+//! consumer where a statement's docs say `[scope]`.
+
+use crate::sql::{LIST, NOW_MS};
+
+/// The outbox and the durable inbox share their bookkeeping columns; they differ in
+/// table, scope and the columns of their items.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// The table.
+    pub(crate) table: &'static str,
+    /// A column scoping the rows (the durable inbox's consumer).
+    pub(crate) scope: Option<&'static str>,
+    /// The columns the item decoder reads, over alias `t`.
+    pub(crate) item: &'static str,
+}
+
+/// The lease token of a row no claim holds.
+pub(crate) const NO_TOKEN: &str = "X'00000000000000000000000000000000'";
+
+/// Row statuses.
+pub(crate) const PENDING: i8 = 0;
+pub(crate) const DONE: i8 = 1;
+pub(crate) const DEAD: i8 = 2;
+
+/// Failure codes in the `fail` statement's JSON.
+pub(crate) const OP_RETRY: i8 = 3;
+pub(crate) const OP_DEAD: i8 = 4;
+
+/// The statements of one spool table. `{list}` marks a list of row numbers, filled in
+/// per call by [`with_list`](crate::sql::with_list).
+#[derive(Debug)]
+pub(crate) struct SpoolSql {
+    pub(crate) table: &'static str,
+    pub(crate) scoped: bool,
+    /// `?` lock name: locks the table's claim lock to the end of the transaction.
+    pub(crate) lock: String,
+    /// `[scope]`, `?` window → `seq`, `k`, `available_at`, `lease_until`, `now_ms`: the
+    /// first pending rows in commit order.
+    pub(crate) window: String,
+    /// `{list}` seqs, `[scope]`, `?` now, `?` now → `seq`, `attempts` and the item of
+    /// each of those rows still pending and free, locked `FOR UPDATE SKIP LOCKED`.
+    pub(crate) lock_rows: String,
+    /// `?` token, `?` lease until, `{list}` seqs.
+    pub(crate) lease: String,
+    /// `[scope]`, `?` key → the first pending row (`k`, `seq`, `available_at`,
+    /// `lease_until`) of the first key at or after it.
+    pub(crate) next_head: String,
+    /// `[scope]`, `?` key, `?` from seq, `?` limit → the key's pending rows from `seq`.
+    pub(crate) key_rows: String,
+    /// `[scope]`, `?` now, `?` now, `?` limit → free pending rows without a key.
+    pub(crate) unkeyed: String,
+    /// `{list}` seqs, `[scope]`, `?` token: marks rows published.
+    pub(crate) done: String,
+    /// `{list}` seqs, `[scope]`, `?` token: deletes rows published.
+    pub(crate) delete_done: String,
+    /// `{list}` seqs, `[scope]`, `?` token: ends the lease, counts nothing.
+    pub(crate) release: String,
+    /// `?` failures (`[[seq, op, delay_ms, error], ...]`, ops retry and dead),
+    /// `[scope]`, `?` token.
+    pub(crate) fail: String,
+    /// `[scope]`, `?` age ms, `?` limit.
+    pub(crate) purge: String,
+}
+
+impl SpoolSql {
+    pub(crate) fn build(layout: &Layout) -> Self {
+        let table = layout.table;
+        let scope_t = scope(layout, "t.");
+        let scope = scope(layout, "");
+        let owned = format!("{scope}lease_token = ? AND status = {PENDING}");
+        Self {
+            table,
+            scoped: layout.scope.is_some(),
+            lock: "INSERT INTO oncebox_claim_locks (name) VALUES (?) \
+                   ON DUPLICATE KEY UPDATE name = name"
+                .to_owned(),
+            window: format!(
+                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until, {NOW_MS} AS now_ms
+FROM {table} AS t
+WHERE {scope_t}t.status = {PENDING}
+ORDER BY t.seq
+LIMIT ?"
+            ),
+            lock_rows: format!(
+                "SELECT t.seq, t.attempts, {item}
+FROM {table} AS t
+WHERE t.seq IN ({LIST}) AND {scope_t}t.status = {PENDING}
+  AND t.available_at <= ? AND t.lease_until <= ?
+FOR UPDATE SKIP LOCKED",
+                item = layout.item,
+            ),
+            lease: format!(
+                "UPDATE {table} SET lease_token = ?, lease_until = ? WHERE seq IN ({LIST})"
+            ),
+            next_head: format!(
+                "SELECT t.`key` AS k, t.seq, t.available_at, t.lease_until
+FROM {table} AS t
+WHERE {scope_t}t.status = {PENDING} AND t.`key` >= ?
+ORDER BY t.`key`, t.seq
+LIMIT 1"
+            ),
+            key_rows: format!(
+                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until
+FROM {table} AS t
+WHERE {scope_t}t.status = {PENDING} AND t.`key` = ? AND t.seq >= ?
+ORDER BY t.seq
+LIMIT ?"
+            ),
+            unkeyed: format!(
+                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until
+FROM {table} AS t
+WHERE {scope_t}t.status = {PENDING} AND t.`key` IS NULL
+  AND t.available_at <= ? AND t.lease_until <= ?
+ORDER BY t.seq
+LIMIT ?"
+            ),
+            done: format!(
+                "UPDATE {table}
+SET status = {DONE}, done_at = {NOW_MS}, lease_token = {NO_TOKEN}, lease_until = 0
+WHERE seq IN ({LIST}) AND {owned}"
+            ),
+            delete_done: format!("DELETE FROM {table} WHERE seq IN ({LIST}) AND {owned}"),
+            release: format!(
+                "UPDATE {table} SET lease_token = {NO_TOKEN}, lease_until = 0
+WHERE seq IN ({LIST}) AND {owned}"
+            ),
+            fail: fail(layout),
+            purge: format!(
+                "DELETE FROM {table}
+WHERE {scope}status = {DONE} AND done_at < {NOW_MS} - ?
+ORDER BY done_at
+LIMIT ?"
+            ),
+        }
+    }
+}
+
+/// `alias.scope = ? AND `, or nothing for an unscoped table.
+fn scope(layout: &Layout, alias: &str) -> String {
+    match layout.scope {
+        Some(column) => format!("{alias}{column} = ? AND "),
+        None => String::new(),
+    }
+}
+
+/// The failed rows of a claim (retried or dead) in one statement, each row filtered by
+/// the claim's token, each with its own delay and error: a `JSON_TABLE` of the
+/// failures joined to the table.
+///
+/// The join order and the index are forced: on a small table the optimizer would rather
+/// read the whole table for each failure, and an `UPDATE` that reads a row waits for its
+/// lock, even a row it does not change (one another relay is settling, say). Each
+/// assignment reads only its own column's old value and the failure's: the order in
+/// which MySQL applies the assignments of a multiple-table `UPDATE` is not defined.
+fn fail(layout: &Layout) -> String {
+    format!(
+        "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (
+    seq BIGINT PATH '$[0]', op TINYINT PATH '$[1]',
+    delay_ms BIGINT PATH '$[2]', error TEXT PATH '$[3]')) AS s
+  STRAIGHT_JOIN {table} AS t FORCE INDEX (PRIMARY) ON t.seq = s.seq
+SET t.status = IF(s.op = {OP_DEAD}, {DEAD}, {PENDING}),
+    t.attempts = t.attempts + 1,
+    t.available_at = IF(s.op = {OP_RETRY}, {NOW_MS} + s.delay_ms, t.available_at),
+    t.last_error = s.error,
+    t.dead_at = IF(s.op = {OP_DEAD}, {NOW_MS}, t.dead_at),
+    t.lease_token = {NO_TOKEN},
+    t.lease_until = 0
+WHERE {scope_t}t.lease_token = ? AND t.status = {PENDING}",
+        table = layout.table,
+        scope_t = scope(layout, "t."),
+    )
+}

@@ -1,0 +1,170 @@
+//! Helpers shared by the backend's tests: a fresh database per test on the real server.
+//!
+//! Tests read the server's URL from `ONCEBOX_MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306/test`). Each test creates a database of its own
+//! (`oncebox_t_<uuid>`), migrates it, and drops it when its [`TestDb`] is dropped, so
+//! tests run in parallel and rerun cleanly. At most [`PARALLEL_TESTS`] tests of one test
+//! binary hold a database at once, each with a small pool, so `cargo test` stays far
+//! below the server's `max_connections` (151 by default) whatever `--test-threads` says.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use oncebox_core::Message;
+use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, SpoolStore};
+use oncebox_mysql::{MySqlOutbox, MySqlStore};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+pub const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
+pub const PARALLEL_TESTS: usize = 4;
+
+static SLOTS: Semaphore = Semaphore::const_new(PARALLEL_TESTS);
+
+pub fn url() -> String {
+    std::env::var("ONCEBOX_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+pub fn options() -> MySqlConnectOptions {
+    url().parse().expect("a valid ONCEBOX_MYSQL_URL")
+}
+
+/// A migrated database of its own, dropped (best effort) with this value.
+pub struct TestDb {
+    pub store: MySqlStore,
+    pub name: String,
+    _slot: SemaphorePermit<'static>,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::with_connections(6).await
+    }
+
+    pub async fn with_connections(connections: u32) -> Self {
+        let slot = SLOTS
+            .acquire()
+            .await
+            .expect("the test semaphore is never closed");
+        let name = create_database("oncebox_t").await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options().database(&name))
+            .await
+            .expect("connect to MariaDB (set ONCEBOX_MYSQL_URL)");
+        let store = MySqlStore::from_pool(pool);
+        let db = Self {
+            store,
+            name,
+            _slot: slot,
+        };
+        db.store.migrate().await.expect("migrate");
+        db
+    }
+
+    /// Runs `sql` (no parameters, several statements allowed) on the pool.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        drop_database(self.name.clone());
+    }
+}
+
+/// Creates an empty database `<prefix>_<uuid>` and returns its name.
+pub async fn create_database(prefix: &str) -> String {
+    let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = options()
+        .connect()
+        .await
+        .expect("connect to MariaDB (set ONCEBOX_MYSQL_URL)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .execute(&mut conn)
+        .await
+        .expect("create the test database");
+    let _ = conn.close().await;
+    name
+}
+
+/// Drops database `name` on a connection of its own, from a thread of its own (drop
+/// cannot await), waiting at most a few seconds for locks.
+pub fn drop_database(name: String) {
+    let dropper = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            let Ok(mut conn) = MySqlConnection::connect_with(&options()).await else {
+                return;
+            };
+            let sql =
+                format!("SET SESSION lock_wait_timeout = 5; DROP DATABASE IF EXISTS `{name}`");
+            if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+            {
+                eprintln!("could not drop test database {name}: {error}");
+            }
+            let _ = conn.close().await;
+        });
+    });
+    let _ = dropper.join();
+}
+
+/// A message whose payload is its label.
+pub fn msg(key: Option<&str>, label: &str) -> Message {
+    let message = Message::new("orders", label.to_owned()).with_kind("OrderPlaced");
+    match key {
+        Some(key) => message.with_key(key),
+        None => message,
+    }
+}
+
+pub fn label(message: &Message) -> String {
+    String::from_utf8_lossy(&message.payload).into_owned()
+}
+
+pub fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
+    rows.iter().map(|r| label(&r.item)).collect()
+}
+
+/// Enqueues `messages` in one committed transaction.
+pub async fn enqueue(outbox: &MySqlOutbox, store: &MySqlStore, messages: &[Message]) {
+    let mut tx = store.pool().begin().await.expect("begin");
+    for message in messages {
+        outbox.enqueue(&mut tx, message).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+pub async fn claim(
+    outbox: &MySqlOutbox,
+    limit: usize,
+    lease: Duration,
+) -> (LeaseToken, Vec<Claimed<Message>>) {
+    let request = ClaimRequest {
+        token: LeaseToken::new(),
+        limit,
+        lease,
+    };
+    let rows = outbox.claim(&request).await.expect("claim");
+    for row in &rows {
+        assert_eq!(row.token, request.token);
+    }
+    (request.token, rows)
+}
+
+/// A lease that outlives any test.
+pub const LONG: Duration = Duration::from_secs(60);

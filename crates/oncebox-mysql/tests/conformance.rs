@@ -1,0 +1,182 @@
+//! The `oncebox-testkit` conformance suites against the MySQL / MariaDB stores: outbox, inbox,
+//! durable inbox and dedup. Every check runs in a fresh database of its own.
+
+mod common;
+
+use oncebox_core::{Error, Message, MessageId, Result};
+use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, RowStatus};
+use oncebox_testkit::dedup::DedupHarness;
+use oncebox_testkit::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use oncebox_testkit::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
+
+use common::TestDb;
+
+/// A migrated database plus the suite's effects table (deliberately without a unique
+/// constraint, so that a second effect is counted).
+struct MySqlHarness {
+    db: TestDb,
+}
+
+impl MySqlHarness {
+    async fn new() -> Self {
+        let db = TestDb::with_connections(10).await;
+        db.exec("CREATE TABLE conformance_effects (`key` VARBINARY(255) NOT NULL, INDEX (`key`))")
+            .await;
+        Self { db }
+    }
+
+    async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        for message in messages {
+            outbox.enqueue(&mut tx, message).await?;
+        }
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        Ok(())
+    }
+}
+
+impl OutboxHarness for MySqlHarness {
+    type Store = MySqlOutbox;
+
+    fn store(&self) -> MySqlOutbox {
+        self.db.store.outbox()
+    }
+
+    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
+        self.enqueue_all(messages, true).await
+    }
+
+    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
+        self.enqueue_all(messages, false).await
+    }
+
+    async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
+        let Some(state) = self.db.store.outbox().status(id).await? else {
+            return Ok(None);
+        };
+        let status = match state.status {
+            RowStatus::Pending => KitRowStatus::Pending,
+            RowStatus::Done => KitRowStatus::Done,
+            RowStatus::Dead => KitRowStatus::Dead,
+            other => {
+                return Err(Error::store_permanent(format!(
+                    "unknown row status {other:?}"
+                )));
+            }
+        };
+        Ok(Some(KitRowState {
+            status,
+            attempts: state.attempts,
+            last_error: state.last_error,
+        }))
+    }
+}
+
+impl InboxHarness for MySqlHarness {
+    type Store = MySqlInbox;
+
+    fn store(&self) -> MySqlInbox {
+        self.db.store.inbox()
+    }
+
+    async fn insert_effect(tx: &mut TxOf<Self>, key: &str) -> Result<()> {
+        sqlx::query("INSERT INTO conformance_effects (`key`) VALUES (?)")
+            .bind(key.to_owned())
+            .execute(&mut **tx)
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(())
+    }
+
+    async fn count_effects(&self, key: &str) -> Result<u64> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM conformance_effects WHERE `key` = ?")
+                .bind(key.to_owned())
+                .fetch_one(self.db.store.pool())
+                .await
+                .map_err(Error::store_transient)?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+}
+
+impl DurableInboxHarness for MySqlHarness {
+    type Durable = MySqlDurableInbox;
+
+    fn durable(&self, consumer: &str) -> MySqlDurableInbox {
+        self.db.store.durable_inbox(consumer)
+    }
+}
+
+impl DedupHarness for MySqlHarness {
+    type Store = MySqlDedupStore;
+
+    fn store(&self) -> MySqlDedupStore {
+        self.db.store.dedup()
+    }
+}
+
+/// One `#[tokio::test]` per check, in a module named after the suite, each in a fresh
+/// database.
+macro_rules! suite {
+    ($suite:ident: $($check:ident),* $(,)?) => {
+        mod $suite {
+            use super::MySqlHarness;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $check() {
+                    oncebox_testkit::$suite::$check(&MySqlHarness::new().await).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(outbox:
+    claim_in_commit_order,
+    per_key_prefix,
+    concurrent_claimers_never_overlap,
+    expired_lease_is_fenced,
+    retry_counts_and_waits,
+    dead_stores_reason_and_unblocks,
+    release_counts_nothing,
+    purge_is_bounded_and_selective,
+    rolled_back_enqueue_is_never_claimed,
+    bad_input_is_a_typed_error,
+    relay_keeps_commit_order,
+    relay_backs_off_then_dead_letters,
+    relay_cleanup_purges_published,
+);
+
+suite!(inbox:
+    duplicate_returns_first_result,
+    failure_rolls_back_record_and_effect,
+    concurrent_duplicates_have_one_effect,
+    purge_is_bounded_and_selective,
+    purge_respects_dedup_window,
+    durable_accept_dedups,
+    durable_processor_runs_each_effect_once,
+    durable_stale_complete_is_lease_lost,
+);
+
+suite!(dedup:
+    begin_on_fresh_id_starts,
+    concurrent_begins_start_once,
+    complete_answers_duplicates,
+    expired_lease_is_fenced,
+    abandon_frees_at_once,
+    ttl_expiry_frees_id,
+    receiver_runs_handler_once,
+    receiver_failure_frees_id,
+);

@@ -1,0 +1,442 @@
+//! The outbox beyond the conformance suite: wake-ups, delete on publish, admin calls,
+//! migrations, raw SQL, bad input, exact keys and the claim's plans.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use oncebox_core::spool::{Settle, Settlement, SpoolStore};
+use oncebox_core::{Error, Limits, Message};
+use oncebox_mysql::{MySqlStore, RowStatus, ValueTooLong};
+use sqlx::mysql::MySqlPoolOptions;
+
+use common::{LONG, TestDb, claim, enqueue, labels, msg};
+
+fn done(rows: &[oncebox_core::spool::Claimed<Message>]) -> Vec<Settlement> {
+    rows.iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: Settle::Done,
+        })
+        .collect()
+}
+
+/// `wake` wakes a relay of the same process.
+#[tokio::test(flavor = "multi_thread")]
+async fn wake_ends_a_wait_at_once() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let waiter = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            outbox.wait_for_work(Duration::from_secs(30)).await;
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    db.store.outbox().wake();
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .unwrap();
+    assert!(waited < Duration::from_secs(5));
+}
+
+/// With delete on publish, done rows are deleted; retries and dead rows stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_on_publish_deletes_done_rows_only() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox().delete_on_publish(true);
+    let (a, b, c) = (msg(None, "a"), msg(None, "b"), msg(None, "c"));
+    enqueue(&outbox, &db.store, &[a.clone(), b.clone(), c.clone()]).await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    let settlements = vec![
+        Settlement {
+            seq: rows[0].seq,
+            outcome: Settle::Done,
+        },
+        Settlement {
+            seq: rows[1].seq,
+            outcome: Settle::Retry {
+                at: SystemTime::now() + LONG,
+                error: "later".into(),
+            },
+        },
+        Settlement {
+            seq: rows[2].seq,
+            outcome: Settle::Dead {
+                reason: "never".into(),
+            },
+        },
+    ];
+    // A stale token deletes nothing.
+    outbox
+        .settle(oncebox_core::spool::LeaseToken::new(), &settlements)
+        .await
+        .unwrap();
+    assert!(outbox.status(a.id).await.unwrap().is_some());
+    outbox.settle(token, &settlements).await.unwrap();
+    assert!(
+        outbox.status(a.id).await.unwrap().is_none(),
+        "a was deleted"
+    );
+    assert_eq!(
+        outbox.status(b.id).await.unwrap().unwrap().status,
+        RowStatus::Pending
+    );
+    assert_eq!(
+        outbox.status(c.id).await.unwrap().unwrap().status,
+        RowStatus::Dead
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.done, stats.dead), (1, 0, 1));
+}
+
+/// Counts, the oldest pending age, dead letters with their reason, undecodable rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_calls_and_undecodable_rows() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let empty = outbox.stats().await.unwrap();
+    assert_eq!((empty.pending, empty.done, empty.dead), (0, 0, 0));
+    assert_eq!(empty.oldest_pending_age, None);
+    let mut old = msg(Some("k"), "old");
+    old.created_at = SystemTime::now() - Duration::from_secs(60);
+    enqueue(&outbox, &db.store, &[old.clone(), msg(None, "new")]).await;
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.pending, 2);
+    let age = stats.oldest_pending_age.unwrap();
+    assert!(
+        age >= Duration::from_secs(59) && age < Duration::from_secs(120),
+        "{age:?}"
+    );
+
+    // Rows written by something other than oncebox: headers that are not strings, and a
+    // key that is not UTF-8.
+    db.exec(
+        "INSERT INTO oncebox_outbox (id, topic, headers, payload, created_at)
+         VALUES (UNHEX(REPLACE(UUID(), '-', '')), 'orders', '{\"n\": 1}', X'00', 0);
+         INSERT INTO oncebox_outbox (id, topic, `key`, headers, payload, created_at)
+         VALUES (UNHEX(REPLACE(UUID(), '-', '')), 'orders', X'FF', '{}', X'00', 0)",
+    )
+    .await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(
+        labels(&rows),
+        ["old", "new"],
+        "the undecodable rows are not handed out"
+    );
+    outbox.settle(token, &done(&rows)).await.unwrap();
+    let dead = outbox.dead_letters(10).await;
+    let error = dead.expect_err("the dead rows cannot be decoded either");
+    assert!(error.to_string().contains("headers"), "{error}");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.done, stats.dead), (0, 2, 2));
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT last_error FROM oncebox_outbox WHERE status = 2 ORDER BY seq")
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+    assert!(reasons[0].contains("headers"), "{reasons:?}");
+    assert!(
+        reasons[1].contains("key") && reasons[1].contains("UTF-8"),
+        "{reasons:?}"
+    );
+    db.exec("DELETE FROM oncebox_outbox WHERE status = 2").await;
+
+    let poison = msg(Some("p"), "poison");
+    enqueue(&outbox, &db.store, std::slice::from_ref(&poison)).await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    let dead = Settlement {
+        seq: rows[0].seq,
+        outcome: Settle::Dead {
+            reason: "refused by the broker".into(),
+        },
+    };
+    outbox.settle(token, &[dead]).await.unwrap();
+    let letters = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].id, poison.id);
+    assert_eq!(
+        letters[0].message,
+        without_sub_millis(&poison, &letters[0].message)
+    );
+    assert_eq!(letters[0].reason, "refused by the broker");
+    assert_eq!(letters[0].attempts, 1);
+    let state = outbox.status(poison.id).await.unwrap().unwrap();
+    assert_eq!(state.status, RowStatus::Dead);
+    assert!(state.settled_at.is_some());
+}
+
+/// The stored creation time keeps milliseconds; compare the rest exactly.
+fn without_sub_millis(sent: &Message, stored: &Message) -> Message {
+    let mut expected = sent.clone();
+    expected.created_at = stored.created_at;
+    let drift = sent
+        .created_at
+        .duration_since(stored.created_at)
+        .unwrap_or_default();
+    assert!(
+        drift < Duration::from_millis(1),
+        "created_at drifted by {drift:?}"
+    );
+    expected
+}
+
+/// A duplicate id leaves the transaction usable; bad input is a typed error, writes
+/// nothing, and leaves the transaction usable too.
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicates_and_bad_input_keep_the_transaction_usable() {
+    let db = TestDb::new().await;
+    let outbox = db
+        .store
+        .outbox()
+        .with_limits(Limits::new().max_payload_bytes(8).max_topic_len(1000));
+    let first = msg(Some("k"), "first");
+    enqueue(&outbox, &db.store, std::slice::from_ref(&first)).await;
+    let mut tx = db.store.pool().begin().await.unwrap();
+    let err = outbox.enqueue(&mut tx, &first).await.unwrap_err();
+    assert!(err.is_duplicate(), "{err}");
+    let err = outbox
+        .enqueue(&mut tx, &msg(None, "much too large"))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+
+    // Values that do not fit their columns are refused, never cut.
+    let long_key = msg(Some(&"k".repeat(513)), "key");
+    let mut long_topic = msg(None, "topic");
+    long_topic.topic = "t".repeat(256);
+    let long_kind = msg(None, "kind").with_kind("K".repeat(256));
+    for (what, message, length, limit) in [
+        ("key", long_key, 513, 512),
+        ("topic", long_topic, 256, 255),
+        ("kind", long_kind, 256, 255),
+    ] {
+        let err = outbox.enqueue(&mut tx, &message).await.unwrap_err();
+        let Error::Store {
+            source,
+            transient: false,
+        } = &err
+        else {
+            panic!("{what}: expected a permanent store error, got {err}");
+        };
+        let too_long = source
+            .downcast_ref::<ValueTooLong>()
+            .unwrap_or_else(|| panic!("{what}: {source}"));
+        assert_eq!(too_long.what(), what);
+        assert_eq!((too_long.length(), too_long.limit()), (length, limit));
+    }
+    let after = msg(Some("k"), "after");
+    outbox
+        .enqueue(&mut tx, &after)
+        .await
+        .expect("the transaction is still usable");
+    tx.commit().await.unwrap();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.pending, 2);
+}
+
+/// Keys are compared byte for byte: `k`, `K` and `k ` are three keys, so a retrying `k`
+/// holds back neither of the others (a VARCHAR key under the usual collations would
+/// make them one).
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_are_exact_bytes() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let messages = [
+        msg(Some("k"), "k1"),
+        msg(Some("K"), "K1"),
+        msg(Some("k "), "k-space1"),
+        msg(Some("k"), "k2"),
+    ];
+    enqueue(&outbox, &db.store, &messages).await;
+    let (token, rows) = claim(&outbox, 1, LONG).await;
+    assert_eq!(labels(&rows), ["k1"]);
+    let retry = Settlement {
+        seq: rows[0].seq,
+        outcome: Settle::Retry {
+            at: SystemTime::now() + LONG,
+            error: "later".into(),
+        },
+    };
+    outbox.settle(token, &[retry]).await.unwrap();
+    let (_, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&rows), ["K1", "k-space1"]);
+    assert_eq!(rows[1].item.key.as_deref(), Some("k "));
+}
+
+/// Migrating again changes nothing; applied migrations are recorded in
+/// `_oncebox_migrations` and nowhere else.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrations_have_their_own_table() {
+    let db = TestDb::new().await;
+    db.store.migrate().await.unwrap();
+    db.store.migrate().await.unwrap();
+    let applied: Vec<(i64, bool)> =
+        sqlx::query_as("SELECT version, success FROM _oncebox_migrations")
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(applied, [(1, true)]);
+    let sqlx_table: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
+    )
+    .fetch_one(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        sqlx_table, 0,
+        "the application's migrations table is left alone"
+    );
+    let slots: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM oncebox_key_locks")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(slots, 65_536, "every key lock slot exists, once");
+}
+
+/// The shipped raw SQL builds working tables in an empty database, and running it twice
+/// is harmless.
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_sql_builds_working_tables() {
+    let name = common::create_database("oncebox_raw").await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect_with(common::options().database(&name))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        sqlx::raw_sql(oncebox_mysql::SCHEMA_V1)
+            .execute(&pool)
+            .await
+            .expect("the raw SQL applies (again)");
+    }
+    let store = MySqlStore::from_pool(pool.clone());
+    let outbox = store.outbox();
+    enqueue(&outbox, &store, &[msg(Some("k"), "raw")]).await;
+    let (_, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&rows), ["raw"]);
+    pool.close().await;
+    common::drop_database(name);
+}
+
+/// `settle_and_claim` settles, then claims in the same transaction: the claim sees the
+/// settlements (a key settled done is claimed further, a key settled for retry stays
+/// blocked), settlements under a stale token are ignored, and the result is what
+/// `settle` then `claim` would give.
+#[tokio::test(flavor = "multi_thread")]
+async fn settle_and_claim_sees_its_settlements() {
+    use oncebox_core::spool::{ClaimRequest, LeaseToken};
+
+    for delete_done in [false, true] {
+        let db = TestDb::new().await;
+        let outbox = db.store.outbox().delete_on_publish(delete_done);
+        let messages = [
+            msg(Some("a"), "a1"),
+            msg(Some("b"), "b1"),
+            msg(Some("a"), "a2"),
+            msg(Some("b"), "b2"),
+            msg(None, "u1"),
+        ];
+        enqueue(&outbox, &db.store, &messages).await;
+
+        // First claim: the window takes the first row of each key (limit 2).
+        let (token, rows) = claim(&outbox, 2, LONG).await;
+        assert_eq!(labels(&rows), ["a1", "b1"]);
+
+        // a1 done, b1 retried later: the next claim may take a2, not b2.
+        let settlements = vec![
+            Settlement {
+                seq: rows[0].seq,
+                outcome: Settle::Done,
+            },
+            Settlement {
+                seq: rows[1].seq,
+                outcome: Settle::Retry {
+                    at: SystemTime::now() + Duration::from_secs(3600),
+                    error: "broker down".to_owned(),
+                },
+            },
+        ];
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let next = outbox
+            .settle_and_claim(token, &settlements, &request)
+            .await
+            .expect("settle and claim");
+        assert_eq!(labels(&next), ["a2", "u1"], "delete_done {delete_done}");
+        assert!(next.iter().all(|row| row.token == request.token));
+
+        // A stale token settles nothing: a2 and u1 stay leased to the second claim.
+        let stale = done(&next);
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let none = outbox
+            .settle_and_claim(LeaseToken::new(), &stale, &request)
+            .await
+            .expect("settle and claim");
+        assert!(none.is_empty(), "got {:?}", labels(&none));
+
+        // The real token settles them; nothing else is due (b1 waits, b2 behind it).
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit: 10,
+            lease: LONG,
+        };
+        let none = outbox
+            .settle_and_claim(next[0].token, &done(&next), &request)
+            .await
+            .expect("settle and claim");
+        assert!(none.is_empty(), "got {:?}", labels(&none));
+        let stats = outbox.stats().await.expect("stats");
+        let expected_done = if delete_done { 0 } else { 3 };
+        assert_eq!(stats.done, expected_done, "delete_done {delete_done}");
+        assert_eq!(stats.pending, 2, "delete_done {delete_done}");
+        drop(db);
+    }
+}
+
+/// On a table of 200,000 pending rows, the claim's first step reads the head of the
+/// pending index and finds the picked rows by primary key: no scan of the table, no
+/// sort. Prints the plans (the crate docs quote them).
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_plans_use_the_indexes() {
+    let db = TestDb::new().await;
+    db.exec(
+        "INSERT INTO oncebox_outbox (id, topic, `key`, kind, headers, payload, created_at)
+         WITH RECURSIVE d (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM d WHERE n < 499)
+         SELECT UNHEX(REPLACE(UUID(), '-', '')), 'orders',
+                CONCAT('key-', (a.n * 500 + b.n) MOD 2000), 'OrderPlaced', '{}', X'00', 0
+         FROM d AS a CROSS JOIN d AS b WHERE a.n < 400;
+         ANALYZE TABLE oncebox_outbox",
+    )
+    .await;
+    let plans = db.store.outbox().explain_claim(256).await.unwrap();
+    println!("{plans}");
+    let steps: Vec<&str> = plans.split("-- ").filter(|s| !s.is_empty()).collect();
+    assert_eq!(steps.len(), 3, "{plans}");
+    assert!(
+        steps[0].starts_with("window") && steps[0].contains("oncebox_outbox_pending"),
+        "{plans}"
+    );
+    for step in &steps[1..] {
+        let row = step.lines().nth(2).unwrap_or_else(|| panic!("{plans}"));
+        let columns: Vec<&str> = row.split('\t').collect();
+        // id, select_type, table, type, possible_keys, key, ...
+        assert_eq!(
+            (columns[3], columns[5]),
+            ("range", "PRIMARY"),
+            "the listed rows are found by primary key: {plans}"
+        );
+    }
+    assert!(!plans.contains("filesort"), "{plans}");
+}

@@ -1,0 +1,397 @@
+//! [`RabbitOptions`]: where the broker is and how the transport uses it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::types::ShortString;
+use lapin::uri::AMQPUri;
+use oncebox_core::wire::WireFormat;
+use oncebox_core::{Backoff, Error, Result};
+
+/// The kind of exchange the transport declares; topics are its routing keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ExchangeKind {
+    /// A `topic` exchange (the default): subscribing to `orders.*` binds with a wildcard.
+    #[default]
+    Topic,
+    /// A `direct` exchange: routing keys match bindings exactly.
+    Direct,
+}
+
+impl ExchangeKind {
+    pub(crate) fn to_lapin(self) -> lapin::ExchangeKind {
+        match self {
+            Self::Topic => lapin::ExchangeKind::Topic,
+            Self::Direct => lapin::ExchangeKind::Direct,
+        }
+    }
+}
+
+/// The type of the queues the subscriber declares, one per consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueueType {
+    /// Quorum queues (the default): replicated, durable, with the `x-delivery-count`
+    /// header that [`Received::delivery_count`](oncebox_core::Received::delivery_count)
+    /// comes from, and the broker-side delivery limit.
+    #[default]
+    Quorum,
+    /// Classic durable queues: no delivery count (a redelivery reports 2, whatever its
+    /// number) and no delivery limit, so a consumer's attempt limit never triggers;
+    /// only for existing deployments.
+    Classic,
+}
+
+impl QueueType {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Quorum => "quorum",
+            Self::Classic => "classic",
+        }
+    }
+}
+
+/// How the transport connects to RabbitMQ and uses it.
+///
+/// ```
+/// use std::time::Duration;
+/// use oncebox_rabbitmq::RabbitOptions;
+///
+/// let options = RabbitOptions::new("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .exchange("orders-events")
+///     .prefetch(128)
+///     .ack_timeout(Duration::from_secs(60));
+/// assert!(options.validate().is_ok());
+/// // Debug never prints the password.
+/// assert!(!format!("{options:?}").contains("guest:guest"));
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct RabbitOptions {
+    url: String,
+    pub(crate) exchange: String,
+    pub(crate) exchange_kind: ExchangeKind,
+    pub(crate) declare_exchange: bool,
+    pub(crate) queue_type: QueueType,
+    pub(crate) delivery_limit: Option<u32>,
+    pub(crate) prefetch: u16,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) confirm_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_message_size: usize,
+    pub(crate) reconnect: Backoff,
+    pub(crate) source: String,
+    pub(crate) connection_name: String,
+}
+
+/// RabbitMQ's default `max_message_size`: 128 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
+
+/// The exchange used unless [`RabbitOptions::exchange`] names another.
+pub const DEFAULT_EXCHANGE: &str = "oncebox";
+
+impl RabbitOptions {
+    /// Options for the broker at `url` (`amqp://user:password@host:5672/vhost`, the
+    /// vhost percent-encoded: `%2f` is `/`; `amqps://` for TLS), with the defaults:
+    ///
+    /// | setting | default |
+    /// |---|---|
+    /// | [`exchange`](Self::exchange) | `oncebox`, a durable [`ExchangeKind::Topic`] exchange, declared if missing |
+    /// | [`queue_type`](Self::queue_type) | [`QueueType::Quorum`] |
+    /// | [`delivery_limit`](Self::delivery_limit) | 20 deliveries, then the broker dead-letters |
+    /// | [`prefetch`](Self::prefetch) | 64 unsettled deliveries per subscriber |
+    /// | [`ack_timeout`](Self::ack_timeout) | 30 s |
+    /// | [`confirm_timeout`](Self::confirm_timeout) | 30 s |
+    /// | [`connect_timeout`](Self::connect_timeout) | 10 s |
+    /// | [`max_message_size`](Self::max_message_size) | 128 MiB, RabbitMQ's default |
+    /// | [`reconnect`](Self::reconnect) | 100 ms doubling to 5 s |
+    /// | [`source`](Self::source) | `oncebox` |
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            exchange: DEFAULT_EXCHANGE.to_owned(),
+            exchange_kind: ExchangeKind::Topic,
+            declare_exchange: true,
+            queue_type: QueueType::Quorum,
+            delivery_limit: Some(20),
+            prefetch: 64,
+            ack_timeout: Duration::from_secs(30),
+            confirm_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            reconnect: Backoff::new()
+                .initial(Duration::from_millis(100))
+                .max(Duration::from_secs(5)),
+            source: oncebox_core::wire::DEFAULT_SOURCE.to_owned(),
+            connection_name: "oncebox".to_owned(),
+        }
+    }
+
+    /// The exchange messages are published to (topic → routing key) and queues are
+    /// bound to.
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// The kind of exchange declared. Default: [`ExchangeKind::Topic`].
+    pub fn exchange_kind(mut self, kind: ExchangeKind) -> Self {
+        self.exchange_kind = kind;
+        self
+    }
+
+    /// Whether to declare the exchange (durable) when connecting. With `false` the
+    /// exchange must exist already: connecting checks it (a passive declare) and fails
+    /// with [`RabbitError::ExchangeNotFound`](crate::RabbitError::ExchangeNotFound)
+    /// otherwise. Default: `true`.
+    pub fn declare_exchange(mut self, declare: bool) -> Self {
+        self.declare_exchange = declare;
+        self
+    }
+
+    /// The type of the group queues. Default: [`QueueType::Quorum`].
+    pub fn queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// The broker-side delivery limit of quorum queues (`x-delivery-limit`): a message
+    /// returned more often than this (nacks, ack timeouts, crashed consumers) goes to
+    /// the group's dead queue with the reason `delivery_limit`. Keep it above the
+    /// consumer's attempt limit, which dead-letters with the handler's error as the
+    /// reason; it is the backstop for messages that crash their consumer. `None`: no
+    /// limit. Ignored for classic queues. Default: 20.
+    pub fn delivery_limit(mut self, limit: Option<u32>) -> Self {
+        self.delivery_limit = limit;
+        self
+    }
+
+    /// How many unsettled deliveries the broker hands one subscriber (`basic.qos`).
+    /// Deliveries held for a nack's delay count against it. Default: 64.
+    pub fn prefetch(mut self, count: u16) -> Self {
+        self.prefetch = count;
+        self
+    }
+
+    /// How long a delivery may stay unsettled before the subscriber requeues it, so that
+    /// it is delivered again (RabbitMQ itself only redelivers when the channel closes,
+    /// or after its `consumer_timeout` of 30 minutes, by closing the channel). Default:
+    /// 30 s.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// How long a publish waits for the broker's confirm before failing transiently.
+    /// Default: 30 s.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection (TCP, TLS, AMQP handshake) may take. Default: 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The largest message body published; larger ones fail permanently without being
+    /// sent. Set it to the broker's `max_message_size` if that is lower than RabbitMQ's
+    /// default of 128 MiB (a larger message would be refused by the broker, which
+    /// closes the channel; that is reported as permanent too, for that message).
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
+    /// The delays between reconnection attempts after the connection is lost.
+    /// Default: 100 ms doubling to 5 s, with jitter.
+    pub fn reconnect(mut self, backoff: Backoff) -> Self {
+        self.reconnect = backoff;
+        self
+    }
+
+    /// The CloudEvents `source` written on every message published. Default: `oncebox`.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// The connection name shown in the management UI (suffixed with the role:
+    /// publisher, subscriber, dead letters). Default: `oncebox`.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted_url(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// Checks the options; connecting calls it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a URL that does not parse, an empty or overlong
+    /// exchange name, a zero prefetch, delivery limit or timeout, or an invalid backoff.
+    pub fn validate(&self) -> Result<()> {
+        self.settings().map(drop)
+    }
+
+    /// The validated settings the connections share.
+    pub(crate) fn settings(&self) -> Result<Arc<Settings>> {
+        let uri = self.url.parse::<AMQPUri>().map_err(|reason| {
+            Error::InvalidOptions(format!(
+                "invalid AMQP URL {}: {reason}",
+                self.redacted_url()
+            ))
+        })?;
+        if self.exchange.is_empty() {
+            return Err(Error::InvalidOptions(
+                "the exchange name is empty (the default exchange cannot be bound to)".into(),
+            ));
+        }
+        let exchange = short(&self.exchange, "exchange name")?;
+        let invalid = |what: &str| Err(Error::InvalidOptions(what.to_owned()));
+        if self.prefetch == 0 {
+            return invalid("prefetch must be at least 1");
+        }
+        if self.delivery_limit == Some(0) {
+            return invalid("delivery_limit must be at least 1 (or None)");
+        }
+        if self.ack_timeout.is_zero()
+            || self.confirm_timeout.is_zero()
+            || self.connect_timeout.is_zero()
+        {
+            return invalid("timeouts must be longer than zero");
+        }
+        if self.max_message_size == 0 {
+            return invalid("max_message_size must be at least 1");
+        }
+        self.reconnect.validate()?;
+        Ok(Arc::new(Settings {
+            uri,
+            url: self.redacted_url(),
+            exchange,
+            exchange_kind: self.exchange_kind,
+            declare_exchange: self.declare_exchange,
+            queue_type: self.queue_type,
+            delivery_limit: self.delivery_limit,
+            prefetch: self.prefetch,
+            ack_timeout: self.ack_timeout,
+            confirm_timeout: self.confirm_timeout,
+            connect_timeout: self.connect_timeout,
+            max_message_size: self.max_message_size,
+            reconnect: self.reconnect.clone(),
+            format: WireFormat::amqp().with_source(self.source.clone()),
+            connection_name: self.connection_name.clone(),
+        }))
+    }
+}
+
+impl fmt::Debug for RabbitOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitOptions")
+            .field("url", &self.redacted_url())
+            .field("exchange", &self.exchange)
+            .field("exchange_kind", &self.exchange_kind)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("queue_type", &self.queue_type)
+            .field("delivery_limit", &self.delivery_limit)
+            .field("prefetch", &self.prefetch)
+            .field("ack_timeout", &self.ack_timeout)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("max_message_size", &self.max_message_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validated options, shared by every connection of a publisher or subscriber.
+pub(crate) struct Settings {
+    pub(crate) uri: AMQPUri,
+    /// The URL without its password, for errors and logs.
+    pub(crate) url: String,
+    pub(crate) exchange: ShortString,
+    pub(crate) exchange_kind: ExchangeKind,
+    pub(crate) declare_exchange: bool,
+    pub(crate) queue_type: QueueType,
+    pub(crate) delivery_limit: Option<u32>,
+    pub(crate) prefetch: u16,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) confirm_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_message_size: usize,
+    pub(crate) reconnect: Backoff,
+    pub(crate) format: WireFormat,
+    pub(crate) connection_name: String,
+}
+
+/// `name` as an AMQP short string (at most 255 bytes).
+pub(crate) fn short(name: &str, what: &str) -> Result<ShortString> {
+    ShortString::try_new(name).map_err(|_| {
+        Error::InvalidOptions(format!(
+            "the {what} is {} bytes long; AMQP allows at most 255",
+            name.len()
+        ))
+    })
+}
+
+/// `url` with the password of its user info replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let user_info = &rest[..at];
+    match user_info.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end],
+            &user_info[..colon],
+            &rest[at..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact("amqp://127.0.0.1"), "amqp://127.0.0.1");
+        assert_eq!(redact("amqp://user@host/v"), "amqp://user@host/v");
+        assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(redact("amqp://a:b@c@host/x@y"), "amqp://a:***@host/x@y");
+    }
+
+    #[test]
+    fn invalid_options_are_refused() {
+        let ok = RabbitOptions::new("amqp://127.0.0.1:5672/%2f");
+        assert!(ok.validate().is_ok());
+        for bad in [
+            RabbitOptions::new("http://nope"),
+            ok.clone().exchange(""),
+            ok.clone().exchange("x".repeat(256)),
+            ok.clone().prefetch(0),
+            ok.clone().delivery_limit(Some(0)),
+            ok.clone().ack_timeout(Duration::ZERO),
+            ok.clone().max_message_size(0),
+        ] {
+            let error = bad.validate().expect_err("invalid");
+            assert!(error.is_invalid_input(), "{error}");
+        }
+    }
+}

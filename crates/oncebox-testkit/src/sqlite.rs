@@ -1,0 +1,153 @@
+//! A ready SQLite backend for the suites and the end-to-end driver: a migrated database in
+//! a temporary directory that implements every store harness.
+//!
+//! Transport crates use it for their end-to-end test (SQLite outbox → relay → broker →
+//! transactional inbox) without writing a store harness of their own:
+//!
+//! ```ignore
+//! let store = oncebox_testkit::sqlite::SqliteHarness::new().await;
+//! oncebox_testkit::e2e::outbox_to_inbox(&broker, &store, &store, EndToEnd::new(10_000)).await?;
+//! ```
+
+use oncebox_core::{Error, Message, MessageId, Result};
+use oncebox_sqlite::{
+    RowStatus, SqliteDedupStore, SqliteDurableInbox, SqliteInbox, SqliteOutbox, SqliteStore,
+};
+use tempfile::TempDir;
+
+use crate::dedup::DedupHarness;
+use crate::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use crate::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
+
+/// A migrated database in a temporary directory, plus the suite's effects table
+/// (deliberately without a unique constraint, so that a second effect is counted).
+pub struct SqliteHarness {
+    store: SqliteStore,
+    _dir: TempDir,
+}
+
+impl SqliteHarness {
+    /// A new, migrated database with the suites' effects table.
+    ///
+    /// # Panics
+    ///
+    /// If the temporary directory or the database cannot be created (a broken test
+    /// machine, not a finding about the code under test).
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let store = SqliteStore::connect(dir.path().join("oncebox.db"))
+            .await
+            .expect("open the database");
+        store.migrate().await.expect("migrate");
+        sqlx::query("CREATE TABLE conformance_effects (key TEXT NOT NULL)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        Self { store, _dir: dir }
+    }
+
+    /// The SQLite store, for anything the harness traits do not cover.
+    pub fn sqlite(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
+        let outbox = self.store.outbox();
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::store_transient)?;
+        for message in messages {
+            outbox.enqueue(&mut tx, message).await?;
+        }
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        Ok(())
+    }
+}
+
+impl OutboxHarness for SqliteHarness {
+    type Store = SqliteOutbox;
+
+    fn store(&self) -> SqliteOutbox {
+        self.store.outbox()
+    }
+
+    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
+        self.enqueue_all(messages, true).await
+    }
+
+    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
+        self.enqueue_all(messages, false).await
+    }
+
+    async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
+        let Some(state) = self.store.outbox().status(id).await? else {
+            return Ok(None);
+        };
+        let status = match state.status {
+            RowStatus::Pending => KitRowStatus::Pending,
+            RowStatus::Done => KitRowStatus::Done,
+            RowStatus::Dead => KitRowStatus::Dead,
+            other => {
+                return Err(Error::store_permanent(format!(
+                    "unknown row status {other:?}"
+                )));
+            }
+        };
+        Ok(Some(KitRowState {
+            status,
+            attempts: state.attempts,
+            last_error: state.last_error,
+        }))
+    }
+}
+
+impl InboxHarness for SqliteHarness {
+    type Store = SqliteInbox;
+
+    fn store(&self) -> SqliteInbox {
+        self.store.inbox()
+    }
+
+    async fn insert_effect(tx: &mut TxOf<Self>, key: &str) -> Result<()> {
+        sqlx::query("INSERT INTO conformance_effects (key) VALUES (?1)")
+            .bind(key.to_owned())
+            .execute(&mut **tx)
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(())
+    }
+
+    async fn count_effects(&self, key: &str) -> Result<u64> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM conformance_effects WHERE key = ?1")
+                .bind(key.to_owned())
+                .fetch_one(self.store.pool())
+                .await
+                .map_err(Error::store_transient)?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+}
+
+impl DurableInboxHarness for SqliteHarness {
+    type Durable = SqliteDurableInbox;
+
+    fn durable(&self, consumer: &str) -> SqliteDurableInbox {
+        self.store.durable_inbox(consumer)
+    }
+}
+
+impl DedupHarness for SqliteHarness {
+    type Store = SqliteDedupStore;
+
+    fn store(&self) -> SqliteDedupStore {
+        self.store.dedup()
+    }
+}
