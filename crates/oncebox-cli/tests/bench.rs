@@ -239,6 +239,12 @@ fn human_output_is_a_table_and_bad_flags_are_refused() {
 /// `bench relay` through each real broker the cli was built with: the relay and the
 /// raw client both publish every message (the run checks the broker's count) and the
 /// report compares them.
+#[cfg(any(
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "kafka",
+    feature = "redis-streams"
+))]
 fn relay_through(transport: &str) {
     let report = bench(&[
         "relay",

@@ -405,6 +405,11 @@ impl SpoolStore for PgOutbox {
         self.table.claim(request).await
     }
 
+    /// Settles the rows of claim `token`. A held claim's settlements of its own rows
+    /// commit in its transaction, which ends the claim; one settled after its lease is
+    /// rolled back instead (its rows are delivered again, as after an expired lease) and
+    /// `Ok` returns, as for a stale lease token. A token that this outbox handle and its
+    /// clones do not hold is settled as a leased claim's: only rows still leased to it.
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.table
             .settle(token, settlements, self.delete_on_publish)
