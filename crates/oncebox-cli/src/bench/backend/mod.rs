@@ -75,3 +75,43 @@ pub(crate) trait Backend: Send + Sync + Sized {
     /// Removes everything the backend created.
     fn close(self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
+
+/// `url` without its password, for error messages of the server backends.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(
+            redact("mysql://app:s3cret@db:3306/app"),
+            "mysql://app:***@db:3306/app"
+        );
+        assert_eq!(
+            redact("postgres://postgres@127.0.0.1/postgres"),
+            "postgres://postgres@127.0.0.1/postgres"
+        );
+        assert_eq!(
+            redact("mysql://root@127.0.0.1:3306/test"),
+            "mysql://root@127.0.0.1:3306/test"
+        );
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

@@ -8,7 +8,7 @@ use oncebox::{Bytes, Error, Headers, Message, MessageId, Received, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{ConnectOptions as _, Connection as _, MySql, Row, Transaction};
 
-use super::Backend;
+use super::{Backend, redact};
 use crate::bench::workload;
 
 /// The server used when `--database-url` is not a MySQL URL (its default is
@@ -254,36 +254,5 @@ impl TxHandler<Transaction<'static, MySql>> for MySqlEffect {
             .await
             .map_err(Error::store_transient)?;
         Ok(Bytes::new())
-    }
-}
-
-/// `url` without its password, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(
-            redact("mysql://app:s3cret@db:3306/app"),
-            "mysql://app:***@db:3306/app"
-        );
-        assert_eq!(
-            redact("mysql://root@127.0.0.1:3306/test"),
-            "mysql://root@127.0.0.1:3306/test"
-        );
     }
 }

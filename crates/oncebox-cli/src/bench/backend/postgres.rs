@@ -8,7 +8,7 @@ use oncebox::postgres::{PgInbox, PgOutbox, PgStore};
 use oncebox::{Bytes, Error, Headers, Message, MessageId, Received, Result};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
-use super::Backend;
+use super::{Backend, redact};
 use crate::bench::workload;
 
 /// Oncebox's tables in a schema of their own (`bench_<random>`), plus the consumer
@@ -252,37 +252,5 @@ impl TxHandler<Transaction<'static, Postgres>> for PgEffect {
             .await
             .map_err(Error::store_transient)?;
         Ok(Bytes::new())
-    }
-}
-
-/// `url` without its password, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/app"),
-            "postgres://app:***@db:5432/app"
-        );
-        assert_eq!(
-            redact("postgres://postgres@127.0.0.1/postgres"),
-            "postgres://postgres@127.0.0.1/postgres"
-        );
-        assert_eq!(redact("not a url"), "not a url");
     }
 }
