@@ -33,6 +33,7 @@ WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending' AND consumer = ?5";
 static SPOOL: SpoolSql = SpoolSql {
     table: TABLE,
     candidates: "\
+SELECT json_group_array(seq), count(*) FROM (
 SELECT o.seq FROM oncebox_durable_inbox AS o
 WHERE o.consumer = ?3 AND o.status = 'pending'
   AND o.available_at <= ?1
@@ -42,7 +43,7 @@ WHERE o.consumer = ?3 AND o.status = 'pending'
       WHERE p.consumer = ?3 AND p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
         AND (p.available_at > ?1 OR p.lease_until > ?1)))
 ORDER BY o.seq
-LIMIT ?2",
+LIMIT ?2)",
     claim: "\
 UPDATE oncebox_durable_inbox SET lease_token = ?3, lease_until = ?2
 WHERE seq IN (

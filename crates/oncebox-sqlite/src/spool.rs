@@ -47,7 +47,8 @@ const MAX_ERROR_CHARS: usize = 2000;
 pub(crate) struct SpoolSql {
     /// Table name, for error messages.
     pub(crate) table: &'static str,
-    /// `?1` now, `?2` limit → `seq` of claimable rows in order.
+    /// `?1` now, `?2` limit → one row: the `seq`s of the first claimable rows (a JSON
+    /// array), and how many there are.
     pub(crate) candidates: &'static str,
     /// `?1` now, `?2` lease until, `?3` token, `?4` candidates (JSON array) → claimed rows.
     pub(crate) claim: &'static str,
@@ -111,6 +112,20 @@ impl SpoolTable {
         &self,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
+        let mut conn = self.pool.acquire().await.map_err(store_error)?;
+        let rows = self.claim_rows(&mut conn, request).await?;
+        drop(conn);
+        self.decode_all(request.token, &rows).await
+    }
+
+    /// The claim's statements on `conn` (each its own transaction, unless `conn` is in
+    /// one): candidates, then the lease, again for the rest of the batch if a
+    /// concurrent claim took candidates away. Returns the leased rows, not yet decoded.
+    async fn claim_rows(
+        &self,
+        conn: &mut SqliteConnection,
+        request: &ClaimRequest,
+    ) -> Result<Vec<SqliteRow>> {
         let now = to_unix_millis(SystemTime::now());
         let lease_until = now.saturating_add(duration_millis(request.lease));
         let token = request.token.to_string();
@@ -120,20 +135,22 @@ impl SpoolTable {
             if want == 0 {
                 break;
             }
-            let candidates: Vec<i64> = self
+            // One row, the candidates as a JSON array, passed on as it is: rows cross
+            // from SQLite's thread one by one, each at the cost of a thread wake-up.
+            let row = self
                 .scoped(
                     sqlx::query(self.sql.candidates)
                         .bind(now)
                         .bind(sql_limit(want)),
                 )
-                .fetch_all(&self.pool)
+                .fetch_one(&mut *conn)
                 .await
-                .map_err(store_error)?
-                .iter()
-                .map(|row| row.try_get::<i64, _>(0))
-                .collect::<Result<_, _>>()
                 .map_err(store_error)?;
-            if candidates.is_empty() {
+            let (candidates, count): (String, i64) = (
+                row.try_get(0).map_err(store_error)?,
+                row.try_get(1).map_err(store_error)?,
+            );
+            if count == 0 {
                 break;
             }
             let rows = self
@@ -142,19 +159,31 @@ impl SpoolTable {
                         .bind(now)
                         .bind(lease_until)
                         .bind(token.clone())
-                        .bind(json_list(&candidates)),
+                        .bind(candidates),
                 )
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *conn)
                 .await
                 .map_err(store_error)?;
-            let lost_some = rows.len() < candidates.len();
-            for row in &rows {
-                if let Some(item) = self.decode_claimed(request.token, row).await? {
-                    claimed.push(item);
-                }
-            }
+            let lost_some = i64::try_from(rows.len()).unwrap_or(i64::MAX) < count;
+            claimed.extend(rows);
             if !lost_some {
                 break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Decodes claimed rows, in `seq` order, skipping (and dead-lettering) those that do
+    /// not decode.
+    async fn decode_all<T: SpoolRow>(
+        &self,
+        token: LeaseToken,
+        rows: &[SqliteRow],
+    ) -> Result<Vec<Claimed<T>>> {
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(item) = self.decode_claimed(token, row).await? {
+                claimed.push(item);
             }
         }
         claimed.sort_by_key(|c: &Claimed<T>| c.seq);

@@ -11,6 +11,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 pub(super) static SPOOL: SpoolSql = SpoolSql {
     table: TABLE,
     candidates: "\
+SELECT json_group_array(seq), count(*) FROM (
 SELECT o.seq FROM oncebox_outbox AS o
 WHERE o.status = 'pending'
   AND o.available_at <= ?1
@@ -20,7 +21,7 @@ WHERE o.status = 'pending'
       WHERE p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
         AND (p.available_at > ?1 OR p.lease_until > ?1)))
 ORDER BY o.seq
-LIMIT ?2",
+LIMIT ?2)",
     claim: "\
 UPDATE oncebox_outbox SET lease_token = ?3, lease_until = ?2
 WHERE seq IN (
@@ -65,7 +66,8 @@ pub(super) const COUNT_PENDING: &str =
 pub(super) const COUNT_DONE: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'done'";
 pub(super) const COUNT_DEAD: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'dead'";
 pub(super) const OLDEST_PENDING: &str = "\
-SELECT created_at FROM oncebox_outbox WHERE status = 'pending' ORDER BY seq LIMIT 1";
+SELECT created_at FROM oncebox_outbox INDEXED BY oncebox_outbox_pending
+WHERE status = 'pending' ORDER BY seq LIMIT 1";
 
 pub(super) const DEAD_LETTERS: &str = "\
 SELECT seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at,
@@ -179,7 +181,10 @@ mod tests {
         assert_eq!(lease(&store, &format!("[{k1},{k2}]")).await, [k1, k2]);
     }
 
-    /// The claim and the settlements walk indexes, never the table, and never sort.
+    /// The claim and the settlements walk indexes, never the table, and never sort: on a
+    /// new database, and with statistics taken while a backlog was pending (`ANALYZE`, or
+    /// `PRAGMA optimize`), which made the planner read the oldest pending row in the
+    /// table's own `seq` order, over every done row kept for retention.
     #[tokio::test]
     async fn spool_statements_are_index_driven() {
         let dir = tempfile::tempdir().unwrap();
@@ -187,6 +192,25 @@ mod tests {
             .await
             .unwrap();
         store.migrate().await.unwrap();
+        assert_index_driven(&store).await;
+        for sql in [
+            "INSERT INTO oncebox_outbox (id, topic, key, payload, created_at, available_at)
+             WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 4999)
+             SELECT 'id-' || i, 't', 'k' || (i % 50), x'', 0, 0 FROM n",
+            "ANALYZE",
+            "UPDATE oncebox_outbox SET status = 'done', done_at = 0 WHERE seq <= 4900",
+        ] {
+            sqlx::query(sql).execute(store.pool()).await.unwrap();
+        }
+        // New connections, which all read the statistics.
+        store.pool().close().await;
+        let store = SqliteStore::connect(dir.path().join("plan.db"))
+            .await
+            .unwrap();
+        assert_index_driven(&store).await;
+    }
+
+    async fn assert_index_driven(store: &SqliteStore) {
         for (name, sql) in [
             ("candidates", SPOOL.candidates),
             ("claim", SPOOL.claim),
@@ -196,13 +220,15 @@ mod tests {
             ("oldest pending", OLDEST_PENDING),
             ("dead letters", DEAD_LETTERS),
         ] {
-            let plan = plan(&store, sql).await;
+            let plan = plan(store, sql).await;
             println!("{name}:\n  {}", plan.join("\n  "));
             for step in &plan {
                 assert!(!step.contains("TEMP B-TREE"), "{name} sorts: {plan:?}");
+                // A scan of a JSON list or of a subquery's own result is fine.
                 let scans_table = step.starts_with("SCAN ")
                     && !step.contains("INDEX")
-                    && !step.contains("json_each");
+                    && !step.contains("json_each")
+                    && !step.starts_with("SCAN (subquery");
                 assert!(!scans_table, "{name} scans the table: {plan:?}");
             }
         }
