@@ -71,6 +71,26 @@ pub trait InboxStore: Transactional {
         id: &str,
     ) -> impl Future<Output = Result<Recorded>> + Send;
 
+    /// Begins a transaction and records `id` for `consumer` in it: what
+    /// [`begin`](Transactional::begin) followed by [`record`](Self::record) does, which is
+    /// the default. A store may do both in one round trip; the transaction and the
+    /// outcome must be the same as the two calls'.
+    ///
+    /// # Errors
+    ///
+    /// A store error; nothing is left open then.
+    fn begin_recorded(
+        &self,
+        consumer: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<(Self::Tx, Recorded)>> + Send {
+        async move {
+            let mut tx = self.begin().await?;
+            let recorded = self.record(&mut tx, consumer, id).await?;
+            Ok((tx, recorded))
+        }
+    }
+
     /// Stores the handler's result with the record, inside `tx`.
     ///
     /// # Errors

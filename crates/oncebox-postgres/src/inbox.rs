@@ -6,15 +6,17 @@ use std::time::SystemTime;
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
 use oncebox_core::{Bytes, Result};
 use sqlx::postgres::PgPool;
-use sqlx::{Postgres, Transaction};
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-use crate::error::store_error;
+use crate::error::{is_unique_violation, store_error};
 use crate::ident::qualified;
 use crate::spool::{query, sql_limit};
 use crate::time::{millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
 pub(crate) struct InboxSql {
+    /// The record's insert without its values, for [`InboxSql::begin_recorded`].
+    insert_record: Arc<str>,
     /// `$1` consumer, `$2` id → a row if inserted.
     record: Arc<str>,
     /// `$1` consumer, `$2` id → `result`.
@@ -29,6 +31,7 @@ impl InboxSql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = qualified(schema, "inbox");
         Self {
+            insert_record: format!("INSERT INTO {t} (consumer, message_id, processed_at)").into(),
             record: format!(
                 "INSERT INTO {t} (consumer, message_id, processed_at)
 VALUES ($1, $2, statement_timestamp())
@@ -68,6 +71,12 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
 /// until it commits (then they see a duplicate and its result) or rolls back (then one of
 /// them inserts). Transactions are PostgreSQL's default, read committed; the handler
 /// runs its queries on `&mut **tx`.
+///
+/// The [`TransactionalInbox`](oncebox_core::consumer::TransactionalInbox) engine calls
+/// [`begin_recorded`](InboxStore::begin_recorded), which sends the record's insert and
+/// `BEGIN` as one message: a new id costs the handler's transaction one round trip, not
+/// two. The record's insert then has no `ON CONFLICT`: a duplicate fails it (after
+/// waiting, like above, for a transaction in flight), and is read as above.
 #[derive(Debug, Clone)]
 pub struct PgInbox {
     pool: PgPool,
@@ -117,6 +126,25 @@ impl InboxStore for PgInbox {
         })
     }
 
+    /// One round trip when the id is new (see [`InboxSql::begin_recorded`]); a duplicate
+    /// takes three more (the failed insert, then [`begin`](Transactional::begin) and
+    /// [`record`](InboxStore::record), which reads the first result).
+    async fn begin_recorded(&self, consumer: &str, id: &str) -> Result<(Self::Tx, Recorded)> {
+        let statement = self.sql.begin_recorded(consumer, id);
+        match self.pool.begin_with(AssertSqlSafe(statement)).await {
+            Ok(tx) => Ok((tx, Recorded::New)),
+            Err(error) if is_unique_violation(&error) => {
+                // Recorded by a committed transaction (the insert waited for one in
+                // flight); `record` reads its result, or records the id if it was
+                // purged since.
+                let mut tx = self.begin().await?;
+                let recorded = self.record(&mut tx, consumer, id).await?;
+                Ok((tx, recorded))
+            }
+            Err(error) => Err(store_error(error)),
+        }
+    }
+
     async fn store_result(
         &self,
         tx: &mut Self::Tx,
@@ -146,6 +174,37 @@ impl InboxStore for PgInbox {
             .map_err(store_error)?;
         Ok(deleted.rows_affected())
     }
+}
+
+impl InboxSql {
+    /// Records `id` for `consumer`, then `BEGIN`, as one simple query: one round trip.
+    ///
+    /// Statements before a `BEGIN` in one message run in the transaction it opens: an
+    /// inserted record is part of it, and commits or rolls back with the handler's
+    /// effects. An insert that fails (a unique violation: the id is recorded) ends the
+    /// message before the `BEGIN`, and leaves the connection outside any transaction.
+    /// The values go in as hex digits, decoded by the server: nothing else can get into
+    /// the statement.
+    fn begin_recorded(&self, consumer: &str, id: &str) -> String {
+        format!(
+            "{insert} VALUES ({consumer}, {id}, statement_timestamp()); BEGIN",
+            insert = self.insert_record,
+            consumer = hex_text(consumer),
+            id = hex_text(id),
+        )
+    }
+}
+
+/// `text` as an SQL expression of hex digits only.
+fn hex_text(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut sql = String::with_capacity(text.len() * 2 + 40);
+    sql.push_str("convert_from(decode('");
+    for byte in text.bytes() {
+        let _ = write!(sql, "{byte:02x}");
+    }
+    sql.push_str("', 'hex'), 'UTF8')");
+    sql
 }
 
 impl std::fmt::Debug for InboxSql {

@@ -149,6 +149,12 @@ impl<S: Transactional> Transactional for Timed<S> {
 }
 
 impl<S: InboxStore> InboxStore for Timed<S> {
+    async fn begin_recorded(&self, consumer: &str, id: &str) -> Result<(S::Tx, Recorded)> {
+        self.probe
+            .time("begin+record", self.inner.begin_recorded(consumer, id))
+            .await
+    }
+
     async fn record(&self, tx: &mut S::Tx, consumer: &str, id: &str) -> Result<Recorded> {
         self.probe
             .time("record", self.inner.record(tx, consumer, id))

@@ -55,8 +55,8 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
     pub async fn handle(&self, received: &Received) -> Result<(Outcome, bytes::Bytes)> {
         let id = self.options.id_strategy.id_of(received)?;
         let consumer = &self.options.consumer;
-        let mut tx = self.store.begin().await?;
-        if let Recorded::Duplicate { result } = self.store.record(&mut tx, consumer, &id).await? {
+        let (mut tx, recorded) = self.store.begin_recorded(consumer, &id).await?;
+        if let Recorded::Duplicate { result } = recorded {
             return Ok((Outcome::Duplicate, result));
         }
         let result = self.handler.handle(received, &mut tx).await?;
