@@ -163,6 +163,7 @@ suite!(inbox:
     duplicate_returns_first_result,
     failure_rolls_back_record_and_effect,
     concurrent_duplicates_have_one_effect,
+    many_concurrent_duplicates_have_one_effect,
     purge_is_bounded_and_selective,
     purge_respects_dedup_window,
     durable_accept_dedups,

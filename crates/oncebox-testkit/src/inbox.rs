@@ -22,6 +22,7 @@
 //! | [`duplicate_returns_first_result`] | a duplicate skips the handler and returns the first result; records are scoped per consumer |
 //! | [`failure_rolls_back_record_and_effect`] | a failed handler leaves neither record nor effect; the retry processes the message |
 //! | [`concurrent_duplicates_have_one_effect`] | 8 workers receiving each message 3 times at once: one effect per message, every duplicate sees the stored result |
+//! | [`many_concurrent_duplicates_have_one_effect`] | the same with 2,000 messages on 50 keys |
 //! | [`purge_is_bounded_and_selective`] | purge deletes records processed before `before`, at most `limit` per call |
 //! | [`purge_respects_dedup_window`] | [`TransactionalInbox::purge_older_than`] refuses an age below the dedup window |
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
@@ -53,8 +54,8 @@ pub use durable::{
 };
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,
-    failure_rolls_back_record_and_effect, purge_is_bounded_and_selective,
-    purge_respects_dedup_window,
+    failure_rolls_back_record_and_effect, many_concurrent_duplicates_have_one_effect,
+    purge_is_bounded_and_selective, purge_respects_dedup_window,
 };
 
 /// The transaction type of a harness's inbox store.

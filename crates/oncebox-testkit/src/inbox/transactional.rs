@@ -172,23 +172,41 @@ pub async fn failure_rolls_back_record_and_effect<H: InboxHarness>(harness: &H) 
 }
 
 /// 8 workers receive each of 12 messages 3 times, the copies of a message at the same
-/// moment on different workers (tokio tasks calling [`TransactionalInbox::handle`](oncebox_core::consumer::TransactionalInbox::handle)).
-/// Every call succeeds (concurrent duplicates wait for the first transaction instead of
-/// failing); each message has exactly one effect and one `Handled` call, and both other
-/// copies return that call's result as duplicates.
+/// moment on different workers (tokio tasks calling [`TransactionalInbox::handle`](oncebox_core::consumer::TransactionalInbox::handle)),
+/// with a handler slow enough that the copies overlap in flight. Every call succeeds
+/// (concurrent duplicates wait for the first transaction instead of failing); each
+/// message has exactly one effect and one `Handled` call, and both other copies return
+/// that call's result as duplicates.
 pub async fn concurrent_duplicates_have_one_effect<H: InboxHarness + 'static>(harness: &H) {
+    concurrent_duplicates(harness, 12, Duration::from_millis(5)).await;
+}
+
+/// [`concurrent_duplicates_have_one_effect`] at scale: 8 workers receive each of 2,000
+/// messages on 50 keys 3 times, with a handler that only writes its effect.
+pub async fn many_concurrent_duplicates_have_one_effect<H: InboxHarness + 'static>(harness: &H) {
+    concurrent_duplicates(harness, 2_000, Duration::ZERO).await;
+}
+
+/// 8 workers, `messages` messages on at most 50 keys, 3 copies each; the handler keeps
+/// its transaction open for `delay` after writing its effect.
+async fn concurrent_duplicates<H: InboxHarness + 'static>(
+    harness: &H,
+    messages: usize,
+    delay: Duration,
+) {
     const WORKERS: usize = 8;
-    const MESSAGES: usize = 12;
     const COPIES: usize = 3;
-    let handler = EffectHandler::new("billing").delay(Duration::from_millis(5));
+    let keys = (messages / 3).clamp(1, 50);
+    let handler = EffectHandler::new("billing").delay(delay);
     let runs = Arc::clone(&handler.runs);
     let billing = Arc::new(inbox(harness, handler, ConsumerOptions::new("billing")));
-    let messages: Vec<Received> = (0..MESSAGES)
-        .map(|i| received(Some(&format!("order-{}", i % 4)), &format!("m{i}")))
+    let count = messages;
+    let messages: Vec<Received> = (0..count)
+        .map(|i| received(Some(&format!("order-{}", i % keys)), &format!("m{i}")))
         .collect();
     // Copies side by side, dealt round-robin: the copies of one message go to
     // neighbouring workers at about the same time.
-    let deliveries: Vec<(usize, Received)> = (0..MESSAGES)
+    let deliveries: Vec<(usize, Received)> = (0..count)
         .flat_map(|i| (0..COPIES).map(move |_| i))
         .map(|i| (i, messages[i].clone()))
         .collect();
@@ -220,7 +238,7 @@ pub async fn concurrent_duplicates_have_one_effect<H: InboxHarness + 'static>(ha
     let mut results: Vec<(usize, Outcome, Bytes)> = Vec::new();
     while let Some(joined) = within(
         "8 workers handling duplicates",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         workers.join_next(),
     )
     .await
@@ -268,7 +286,7 @@ pub async fn concurrent_duplicates_have_one_effect<H: InboxHarness + 'static>(ha
     }
     assert_eq!(
         runs.load(Ordering::SeqCst) as usize,
-        MESSAGES,
+        count,
         "the handler runs once per message"
     );
 }
