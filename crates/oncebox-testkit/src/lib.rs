@@ -13,10 +13,12 @@
 //! | [`inbox`] | [`inbox::InboxHarness`] | transactional inbox and durable inbox |
 //! | [`dedup`] | [`dedup::DedupHarness`] | the dedup store state machine, leases, fencing, TTL |
 //! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
+//! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
 
 pub mod dedup;
 pub mod e2e;
 pub mod inbox;
+pub mod multi_relay;
 pub mod outbox;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
