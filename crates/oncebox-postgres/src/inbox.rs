@@ -126,9 +126,10 @@ impl InboxStore for PgInbox {
         })
     }
 
-    /// One round trip when the id is new (see [`InboxSql::begin_recorded`]); a duplicate
-    /// takes three more (the failed insert, then [`begin`](Transactional::begin) and
-    /// [`record`](InboxStore::record), which reads the first result).
+    /// One round trip when the id is new: the record's insert and `BEGIN` go as one
+    /// message (see [`PgInbox`]). A duplicate takes three more (the failed insert, then
+    /// [`begin`](Transactional::begin) and [`record`](InboxStore::record), which reads
+    /// the first result).
     async fn begin_recorded(&self, consumer: &str, id: &str) -> Result<(Self::Tx, Recorded)> {
         let statement = self.sql.begin_recorded(consumer, id);
         match self.pool.begin_with(AssertSqlSafe(statement)).await {
