@@ -22,18 +22,7 @@ macro_rules! on_the_shared_server {
     };
 }
 
-on_the_shared_server!(
-    publish_confirm_and_receive,
-    received_fields_round_trip,
-    ack_stops_redelivery,
-    nack_redelivers_after_delay,
-    unacked_delivery_redelivered_after_timeout,
-    late_ack_is_harmless,
-    dead_letter_stops_delivery,
-    per_key_order,
-    groups_share_work,
-    late_group_receives_history,
-);
+oncebox_testkit::transport_checks!(on_the_shared_server!());
 
 /// Kills (SIGKILL) and restarts a private nats-server on the same port and store while a
 /// delivery is in flight; the shared server is never restarted.

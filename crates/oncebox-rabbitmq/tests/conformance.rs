@@ -20,15 +20,4 @@ macro_rules! suite {
     };
 }
 
-suite!(
-    publish_confirm_and_receive,
-    received_fields_round_trip,
-    ack_stops_redelivery,
-    nack_redelivers_after_delay,
-    unacked_delivery_redelivered_after_timeout,
-    late_ack_is_harmless,
-    dead_letter_stops_delivery,
-    per_key_order,
-    groups_share_work,
-    late_group_receives_history,
-);
+oncebox_testkit::transport_checks!(suite!());

@@ -88,16 +88,7 @@ macro_rules! suite {
     };
 }
 
-suite!(
-    begin_on_fresh_id_starts,
-    concurrent_begins_start_once,
-    complete_answers_duplicates,
-    expired_lease_is_fenced,
-    abandon_frees_at_once,
-    ttl_expiry_frees_id,
-    receiver_runs_handler_once,
-    receiver_failure_frees_id,
-);
+oncebox_testkit::dedup_checks!(suite!());
 
 /// Two stores on one server with different prefixes never see each other's ids.
 #[tokio::test]

@@ -18,18 +18,7 @@ macro_rules! each_check {
     )*};
 }
 
-each_check!(
-    publish_confirm_and_receive,
-    received_fields_round_trip,
-    ack_stops_redelivery,
-    nack_redelivers_after_delay,
-    unacked_delivery_redelivered_after_timeout,
-    late_ack_is_harmless,
-    dead_letter_stops_delivery,
-    per_key_order,
-    groups_share_work,
-    late_group_receives_history,
-);
+oncebox_testkit::transport_checks!(each_check!());
 
 /// A real restart: `kill -9` of a server persisting to an append-only file, and a new
 /// server on the same port and directory.

@@ -14,7 +14,10 @@
 //! | [`dedup`] | [`dedup::DedupHarness`] | the dedup store state machine, leases, fencing, TTL |
 //! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
 //! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
+//!
+//! [`checks`] lists every check of each suite, so that a backend's tests run them all.
 
+pub mod checks;
 pub mod dedup;
 pub mod e2e;
 pub mod inbox;

@@ -35,13 +35,4 @@ macro_rules! checks {
     )*};
 }
 
-checks!(
-    begin_on_fresh_id_starts,
-    concurrent_begins_start_once,
-    complete_answers_duplicates,
-    expired_lease_is_fenced,
-    abandon_frees_at_once,
-    ttl_expiry_frees_id,
-    receiver_runs_handler_once,
-    receiver_failure_frees_id,
-);
+oncebox_testkit::dedup_checks!(checks!());

@@ -88,19 +88,8 @@ macro_rules! each_check {
     )*};
 }
 
-each_check!(
-    publish_confirm_and_receive,
-    received_fields_round_trip,
-    ack_stops_redelivery,
-    nack_redelivers_after_delay,
-    unacked_delivery_redelivered_after_timeout,
-    late_ack_is_harmless,
-    dead_letter_stops_delivery,
-    per_key_order,
-    groups_share_work,
-    late_group_receives_history,
-    survives_restart,
-);
+oncebox_testkit::transport_checks!(each_check!());
+each_check!(survives_restart);
 
 #[tokio::test(start_paused = true)]
 async fn whole_suite_on_a_paused_clock() -> Result<()> {

@@ -1,0 +1,105 @@
+//! Every check of each suite, by name, for a backend's test runner: a check added to a
+//! suite then runs against every backend without touching their tests.
+//!
+//! Each macro takes a macro call of the backend's own and calls it with the given
+//! tokens followed by the check names, comma-separated. The backend's macro decides how
+//! a check runs (its harness, its clean-up):
+//!
+//! ```ignore
+//! macro_rules! suite {
+//!     ($suite:ident: $($check:ident),* $(,)?) => {
+//!         mod $suite {
+//!             $(
+//!                 #[tokio::test(flavor = "multi_thread")]
+//!                 async fn $check() {
+//!                     oncebox_testkit::$suite::$check(&super::MyHarness::new().await).await;
+//!                 }
+//!             )*
+//!         }
+//!     };
+//! }
+//!
+//! oncebox_testkit::outbox_checks!(suite!(outbox:));
+//! ```
+//!
+//! A check a backend cannot run is not left out of the list: the check skips itself, by
+//! the harness's capabilities, and says so.
+
+/// Calls `callback!(tokens… <every check of [`outbox`](crate::outbox)>)`.
+#[macro_export]
+macro_rules! outbox_checks {
+    ($callback:ident ! ($($tokens:tt)*)) => {
+        $callback!($($tokens)*
+            claim_in_commit_order,
+            per_key_prefix,
+            concurrent_claimers_never_overlap,
+            expired_lease_is_fenced,
+            retry_counts_and_waits,
+            dead_stores_reason_and_unblocks,
+            release_counts_nothing,
+            purge_is_bounded_and_selective,
+            rolled_back_enqueue_is_never_claimed,
+            bad_input_is_a_typed_error,
+            relay_keeps_commit_order,
+            relay_backs_off_then_dead_letters,
+            relay_cleanup_purges_published,
+        );
+    };
+}
+
+/// Calls `callback!(tokens… <every check of [`inbox`](crate::inbox)>)`, the durable
+/// inbox's included.
+#[macro_export]
+macro_rules! inbox_checks {
+    ($callback:ident ! ($($tokens:tt)*)) => {
+        $callback!($($tokens)*
+            duplicate_returns_first_result,
+            failure_rolls_back_record_and_effect,
+            concurrent_duplicates_have_one_effect,
+            many_concurrent_duplicates_have_one_effect,
+            purge_is_bounded_and_selective,
+            purge_respects_dedup_window,
+            durable_accept_dedups,
+            durable_processor_runs_each_effect_once,
+            durable_stale_complete_is_lease_lost,
+        );
+    };
+}
+
+/// Calls `callback!(tokens… <every check of [`dedup`](crate::dedup)>)`.
+#[macro_export]
+macro_rules! dedup_checks {
+    ($callback:ident ! ($($tokens:tt)*)) => {
+        $callback!($($tokens)*
+            begin_on_fresh_id_starts,
+            concurrent_begins_start_once,
+            complete_answers_duplicates,
+            expired_lease_is_fenced,
+            abandon_frees_at_once,
+            ttl_expiry_frees_id,
+            receiver_runs_handler_once,
+            receiver_failure_frees_id,
+        );
+    };
+}
+
+/// Calls `callback!(tokens… <every check of [`transport`](crate::transport)>)`, but
+/// [`survives_restart`](crate::transport::survives_restart), which needs a broker the
+/// test may restart, and so a harness of its own.
+#[macro_export]
+macro_rules! transport_checks {
+    ($callback:ident ! ($($tokens:tt)*)) => {
+        $callback!($($tokens)*
+            publish_confirm_and_receive,
+            received_fields_round_trip,
+            ack_stops_redelivery,
+            nack_redelivers_after_delay,
+            unacked_delivery_redelivered_after_timeout,
+            late_ack_is_harmless,
+            dead_letter_stops_delivery,
+            per_key_order,
+            groups_share_work,
+            late_group_receives_history,
+        );
+    };
+}
