@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::{Bytes, Result};
+use oncebox_core::{Bytes, Error, Result};
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
@@ -131,7 +131,7 @@ impl InboxStore for PgInbox {
     /// [`begin`](Transactional::begin) and [`record`](InboxStore::record), which reads
     /// the first result).
     async fn begin_recorded(&self, consumer: &str, id: &str) -> Result<(Self::Tx, Recorded)> {
-        let statement = self.sql.begin_recorded(consumer, id);
+        let statement = self.sql.begin_recorded(consumer, id)?;
         match self.pool.begin_with(AssertSqlSafe(statement)).await {
             Ok(tx) => Ok((tx, Recorded::New)),
             Err(error) if is_unique_violation(&error) => {
@@ -184,28 +184,46 @@ impl InboxSql {
     /// inserted record is part of it, and commits or rolls back with the handler's
     /// effects. An insert that fails (a unique violation: the id is recorded) ends the
     /// message before the `BEGIN`, and leaves the connection outside any transaction.
-    /// The values go in as hex digits, decoded by the server: nothing else can get into
-    /// the statement.
-    fn begin_recorded(&self, consumer: &str, id: &str) -> String {
-        format!(
+    ///
+    /// A simple query has no parameters: the values are written in as escape string
+    /// constants (see [`text_constant`]). Their parsing, repeated for every message,
+    /// costs less than the round trip it saves.
+    ///
+    /// # Errors
+    ///
+    /// A permanent store error for a NUL character, which PostgreSQL text cannot hold.
+    fn begin_recorded(&self, consumer: &str, id: &str) -> Result<String> {
+        Ok(format!(
             "{insert} VALUES ({consumer}, {id}, statement_timestamp()); BEGIN",
             insert = self.insert_record,
-            consumer = hex_text(consumer),
-            id = hex_text(id),
-        )
+            consumer = text_constant(consumer)?,
+            id = text_constant(id)?,
+        ))
     }
 }
 
-/// `text` as an SQL expression of hex digits only.
-fn hex_text(text: &str) -> String {
-    use std::fmt::Write as _;
-    let mut sql = String::with_capacity(text.len() * 2 + 40);
-    sql.push_str("convert_from(decode('");
-    for byte in text.bytes() {
-        let _ = write!(sql, "{byte:02x}");
+/// `text` as an escape string constant, `E'...'`: quotes and backslashes doubled, every
+/// other character as it is. Whatever the server's `standard_conforming_strings`, nothing
+/// in it can end the constant: sqlx opens every connection with `client_encoding` UTF8,
+/// in which no byte of a multi-byte character is a quote or a backslash. A NUL is
+/// refused: PostgreSQL text cannot hold it, and in a query string it would end the query.
+fn text_constant(text: &str) -> Result<String> {
+    if text.contains('\0') {
+        return Err(Error::store_permanent(format!(
+            "the inbox cannot record {text:?}: PostgreSQL text cannot hold the character 0x00"
+        )));
     }
-    sql.push_str("', 'hex'), 'UTF8')");
-    sql
+    let mut sql = String::with_capacity(text.len() + 4);
+    sql.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => sql.push_str("\\\\"),
+            '\'' => sql.push_str("''"),
+            c => sql.push(c),
+        }
+    }
+    sql.push('\'');
+    Ok(sql)
 }
 
 impl std::fmt::Debug for InboxSql {
