@@ -3,33 +3,19 @@
 use std::future::Future;
 
 use oncebox_core::Message;
-use oncebox_core::spool::SpoolStore;
-use oncebox_core::store::{DedupStore, DurableInboxStore, InboxStore};
 use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, MySqlStore};
 
-fn send_sync_clone<T: Send + Sync + Clone + 'static>() {}
 fn send<T: Send>(_: &T) {}
 
 #[test]
-fn stores_are_send_sync_and_clone() {
-    send_sync_clone::<MySqlStore>();
-    send_sync_clone::<MySqlOutbox>();
-    send_sync_clone::<MySqlInbox>();
-    send_sync_clone::<MySqlDurableInbox>();
-    send_sync_clone::<MySqlDedupStore>();
-}
-
-fn spool<S: SpoolStore<Item = Message>>() {}
-fn inbox<S: InboxStore>() {}
-fn durable<S: DurableInboxStore>() {}
-fn dedup<S: DedupStore>() {}
-
-#[test]
-fn stores_implement_the_core_traits() {
-    spool::<MySqlOutbox>();
-    inbox::<MySqlInbox>();
-    durable::<MySqlDurableInbox>();
-    dedup::<MySqlDedupStore>();
+fn stores_are_send_sync_clone_and_implement_the_core_traits() {
+    oncebox_testkit::checks::store_contracts::<
+        MySqlStore,
+        MySqlOutbox,
+        MySqlInbox,
+        MySqlDurableInbox,
+        MySqlDedupStore,
+    >();
 }
 
 /// Never run: only type-checks that the inherent futures are `Send`.

@@ -3,35 +3,21 @@
 use std::future::Future;
 
 use oncebox_core::Message;
-use oncebox_core::spool::SpoolStore;
-use oncebox_core::store::{DedupStore, DurableInboxStore, InboxStore};
 use oncebox_sqlite::{
     SqliteDedupStore, SqliteDurableInbox, SqliteInbox, SqliteOutbox, SqliteStore,
 };
 
-fn send_sync_clone<T: Send + Sync + Clone + 'static>() {}
 fn send<T: Send>(_: &T) {}
 
 #[test]
-fn stores_are_send_sync_and_clone() {
-    send_sync_clone::<SqliteStore>();
-    send_sync_clone::<SqliteOutbox>();
-    send_sync_clone::<SqliteInbox>();
-    send_sync_clone::<SqliteDurableInbox>();
-    send_sync_clone::<SqliteDedupStore>();
-}
-
-fn spool<S: SpoolStore<Item = Message>>() {}
-fn inbox<S: InboxStore>() {}
-fn durable<S: DurableInboxStore>() {}
-fn dedup<S: DedupStore>() {}
-
-#[test]
-fn stores_implement_the_core_traits() {
-    spool::<SqliteOutbox>();
-    inbox::<SqliteInbox>();
-    durable::<SqliteDurableInbox>();
-    dedup::<SqliteDedupStore>();
+fn stores_are_send_sync_clone_and_implement_the_core_traits() {
+    oncebox_testkit::checks::store_contracts::<
+        SqliteStore,
+        SqliteOutbox,
+        SqliteInbox,
+        SqliteDurableInbox,
+        SqliteDedupStore,
+    >();
 }
 
 /// Never run: only type-checks that the inherent futures are `Send`.

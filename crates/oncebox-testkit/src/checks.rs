@@ -24,6 +24,12 @@
 //!
 //! A check a backend cannot run is not left out of the list: the check skips itself, by
 //! the harness's capabilities, and says so.
+//!
+//! [`store_contracts`] checks, at compile time, what every store must be.
+
+use oncebox_core::Message;
+use oncebox_core::spool::SpoolStore;
+use oncebox_core::store::{DedupStore, DurableInboxStore, InboxStore};
 
 /// Calls `callback!(tokens… <every check of [`outbox`](crate::outbox)>)`.
 #[macro_export]
@@ -102,4 +108,17 @@ macro_rules! transport_checks {
             late_group_receives_history,
         );
     };
+}
+
+/// Compile-time contracts of a backend's stores: each can be cloned and moved between
+/// threads, and implements its core trait. Call it from a `#[test]` with the backend's
+/// types; it does nothing at run time (a store that breaks a contract does not compile).
+pub fn store_contracts<Store, Outbox, Inbox, Durable, Dedup>()
+where
+    Store: Send + Sync + Clone + 'static,
+    Outbox: SpoolStore<Item = Message> + Send + Sync + Clone + 'static,
+    Inbox: InboxStore + Send + Sync + Clone + 'static,
+    Durable: DurableInboxStore + Send + Sync + Clone + 'static,
+    Dedup: DedupStore + Send + Sync + Clone + 'static,
+{
 }

@@ -15,7 +15,8 @@
 //! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
 //! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
 //!
-//! [`checks`] lists every check of each suite, so that a backend's tests run them all.
+//! [`checks`] lists every check of each suite, so that a backend's tests run them all, and
+//! holds the compile-time contracts every store meets.
 
 pub mod checks;
 pub mod dedup;
