@@ -21,6 +21,7 @@
 pub mod checks;
 pub mod dedup;
 pub mod e2e;
+pub mod fixtures;
 pub mod inbox;
 pub mod multi_relay;
 pub mod outbox;

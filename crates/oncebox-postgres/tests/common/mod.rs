@@ -12,11 +12,13 @@
 use std::time::Duration;
 
 use oncebox_core::Message;
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, SpoolStore};
 use oncebox_postgres::{PgOutbox, PgStore};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use oncebox_testkit::fixtures::{claim, label, labels, msg};
 
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const PARALLEL_TESTS: usize = 4;
@@ -114,23 +116,6 @@ pub fn drop_schema(schema: String) {
     let _ = dropper.join();
 }
 
-/// A message whose payload is its label.
-pub fn msg(key: Option<&str>, label: &str) -> Message {
-    let message = Message::new("orders", label.to_owned()).with_kind("OrderPlaced");
-    match key {
-        Some(key) => message.with_key(key),
-        None => message,
-    }
-}
-
-pub fn label(message: &Message) -> String {
-    String::from_utf8_lossy(&message.payload).into_owned()
-}
-
-pub fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
-    rows.iter().map(|r| label(&r.item)).collect()
-}
-
 /// Enqueues `messages` in one committed transaction.
 pub async fn enqueue(outbox: &PgOutbox, store: &PgStore, messages: &[Message]) {
     let mut tx = store.pool().begin().await.expect("begin");
@@ -138,21 +123,4 @@ pub async fn enqueue(outbox: &PgOutbox, store: &PgStore, messages: &[Message]) {
         outbox.enqueue(&mut tx, message).await.expect("enqueue");
     }
     tx.commit().await.expect("commit");
-}
-
-pub async fn claim(
-    outbox: &PgOutbox,
-    limit: usize,
-    lease: Duration,
-) -> (LeaseToken, Vec<Claimed<Message>>) {
-    let request = ClaimRequest {
-        token: LeaseToken::new(),
-        limit,
-        lease,
-    };
-    let rows = outbox.claim(&request).await.expect("claim");
-    for row in &rows {
-        assert_eq!(row.token, request.token);
-    }
-    (request.token, rows)
 }

@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use oncebox_core::Message;
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, SpoolStore};
-use oncebox_sqlite::{SqliteOutbox, SqliteStore};
+use oncebox_sqlite::SqliteStore;
 use tempfile::TempDir;
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use oncebox_testkit::fixtures::{claim, label, labels, msg};
 
 pub const LONG: Duration = Duration::from_secs(60);
 pub const SHORT: Duration = Duration::from_millis(200);
@@ -27,23 +29,6 @@ pub async fn db() -> Db {
     Db { store, dir }
 }
 
-/// A message whose payload is its label.
-pub fn msg(key: Option<&str>, label: &str) -> Message {
-    let message = Message::new("orders", label.to_owned()).with_kind("OrderPlaced");
-    match key {
-        Some(key) => message.with_key(key),
-        None => message,
-    }
-}
-
-pub fn label(message: &Message) -> String {
-    String::from_utf8_lossy(&message.payload).into_owned()
-}
-
-pub fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
-    rows.iter().map(|r| label(&r.item)).collect()
-}
-
 /// Enqueues `messages` in one committed transaction.
 pub async fn enqueue(store: &SqliteStore, messages: &[Message]) {
     let outbox = store.outbox();
@@ -56,21 +41,4 @@ pub async fn enqueue(store: &SqliteStore, messages: &[Message]) {
         outbox.enqueue(&mut tx, message).await.expect("enqueue");
     }
     tx.commit().await.expect("commit");
-}
-
-pub async fn claim(
-    outbox: &SqliteOutbox,
-    limit: usize,
-    lease: Duration,
-) -> (LeaseToken, Vec<Claimed<Message>>) {
-    let request = ClaimRequest {
-        token: LeaseToken::new(),
-        limit,
-        lease,
-    };
-    let rows = outbox.claim(&request).await.expect("claim");
-    for row in &rows {
-        assert_eq!(row.token, request.token);
-    }
-    (request.token, rows)
 }
