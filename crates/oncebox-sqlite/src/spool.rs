@@ -112,20 +112,6 @@ impl SpoolTable {
         &self,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
-        let mut conn = self.pool.acquire().await.map_err(store_error)?;
-        let rows = self.claim_rows(&mut conn, request).await?;
-        drop(conn);
-        self.decode_all(request.token, &rows).await
-    }
-
-    /// The claim's statements on `conn` (each its own transaction, unless `conn` is in
-    /// one): candidates, then the lease, again for the rest of the batch if a
-    /// concurrent claim took candidates away. Returns the leased rows, not yet decoded.
-    async fn claim_rows(
-        &self,
-        conn: &mut SqliteConnection,
-        request: &ClaimRequest,
-    ) -> Result<Vec<SqliteRow>> {
         let now = to_unix_millis(SystemTime::now());
         let lease_until = now.saturating_add(duration_millis(request.lease));
         let token = request.token.to_string();
@@ -143,13 +129,11 @@ impl SpoolTable {
                         .bind(now)
                         .bind(sql_limit(want)),
                 )
-                .fetch_one(&mut *conn)
+                .fetch_one(&self.pool)
                 .await
                 .map_err(store_error)?;
-            let (candidates, count): (String, i64) = (
-                row.try_get(0).map_err(store_error)?,
-                row.try_get(1).map_err(store_error)?,
-            );
+            let candidates: String = row.try_get(0).map_err(store_error)?;
+            let count: i64 = row.try_get(1).map_err(store_error)?;
             if count == 0 {
                 break;
             }
@@ -161,29 +145,17 @@ impl SpoolTable {
                         .bind(token.clone())
                         .bind(candidates),
                 )
-                .fetch_all(&mut *conn)
+                .fetch_all(&self.pool)
                 .await
                 .map_err(store_error)?;
             let lost_some = i64::try_from(rows.len()).unwrap_or(i64::MAX) < count;
-            claimed.extend(rows);
+            for row in &rows {
+                if let Some(item) = self.decode_claimed(request.token, row).await? {
+                    claimed.push(item);
+                }
+            }
             if !lost_some {
                 break;
-            }
-        }
-        Ok(claimed)
-    }
-
-    /// Decodes claimed rows, in `seq` order, skipping (and dead-lettering) those that do
-    /// not decode.
-    async fn decode_all<T: SpoolRow>(
-        &self,
-        token: LeaseToken,
-        rows: &[SqliteRow],
-    ) -> Result<Vec<Claimed<T>>> {
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            if let Some(item) = self.decode_claimed(token, row).await? {
-                claimed.push(item);
             }
         }
         claimed.sort_by_key(|c: &Claimed<T>| c.seq);
