@@ -30,15 +30,16 @@ pub(crate) struct InboxSql {
 impl InboxSql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = qualified(schema, "inbox");
+        let insert_record = format!("INSERT INTO {t} (consumer, message_id, processed_at)");
         Self {
-            insert_record: format!("INSERT INTO {t} (consumer, message_id, processed_at)").into(),
             record: format!(
-                "INSERT INTO {t} (consumer, message_id, processed_at)
+                "{insert_record}
 VALUES ($1, $2, statement_timestamp())
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING 1"
             )
             .into(),
+            insert_record: insert_record.into(),
             stored_result: format!(
                 "SELECT result FROM {t} WHERE consumer = $1 AND message_id = $2"
             )
