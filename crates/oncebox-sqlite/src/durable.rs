@@ -65,6 +65,7 @@ UPDATE oncebox_durable_inbox
 SET status = 'done', done_at = ?3, lease_token = NULL, lease_until = NULL
 WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'
   AND consumer = ?4",
+    delete_done: None,
     release: "\
 UPDATE oncebox_durable_inbox SET lease_token = NULL, lease_until = NULL
 WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'

@@ -54,6 +54,9 @@ pub(crate) struct SpoolSql {
     pub(crate) claim: &'static str,
     /// `?1` token, `?2` seqs (JSON array), `?3` now.
     pub(crate) done: &'static str,
+    /// `?1` token, `?2` seqs (JSON array): deletes published rows instead of marking
+    /// them done, for tables that offer it.
+    pub(crate) delete_done: Option<&'static str>,
     /// `?1` token, `?2` seqs (JSON array).
     pub(crate) release: &'static str,
     /// `?1` token, `?2` seq, `?3` available at, `?4` error.
@@ -77,6 +80,9 @@ pub(crate) struct SpoolTable {
     sql: &'static SpoolSql,
     scope: Option<Arc<str>>,
     wake: Arc<Notify>,
+    /// The table's [`SpoolSql::delete_done`] when published rows are deleted, not
+    /// marked done.
+    delete_done: Option<&'static str>,
 }
 
 type SqliteQuery = Query<'static, Sqlite, SqliteArguments>;
@@ -93,7 +99,15 @@ impl SpoolTable {
             sql,
             scope,
             wake,
+            delete_done: None,
         }
+    }
+
+    /// Deletes published rows instead of marking them done, if the table's SQL has
+    /// [`SpoolSql::delete_done`].
+    pub(crate) fn delete_done(mut self, on: bool) -> Self {
+        self.delete_done = self.sql.delete_done.filter(|_| on);
+        self
     }
 
     pub(crate) fn pool(&self) -> &SqlitePool {
@@ -222,10 +236,15 @@ impl SpoolTable {
     async fn apply(&self, conn: &mut SqliteConnection, ops: &SettleOps) -> Result<()> {
         let now = to_unix_millis(SystemTime::now());
         if !ops.done.is_empty() {
-            let query = sqlx::query(self.sql.done)
-                .bind(ops.token.clone())
-                .bind(json_list(&ops.done))
-                .bind(now);
+            let query = match self.delete_done {
+                Some(delete) => sqlx::query(delete)
+                    .bind(ops.token.clone())
+                    .bind(json_list(&ops.done)),
+                None => sqlx::query(self.sql.done)
+                    .bind(ops.token.clone())
+                    .bind(json_list(&ops.done))
+                    .bind(now),
+            };
             self.scoped(query)
                 .execute(&mut *conn)
                 .await

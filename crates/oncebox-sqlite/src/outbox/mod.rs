@@ -51,6 +51,21 @@ impl SqliteOutbox {
         &self.limits
     }
 
+    /// Deletes a row when its message is published, instead of marking it done and
+    /// leaving it to retention cleanup. Default: off.
+    ///
+    /// After its lease, a published row then costs one write (the delete), not two (the
+    /// done mark, and later the cleanup's delete), and the table holds only pending and
+    /// dead rows. The price:
+    /// [`status`](Self::status) no longer finds published messages, [`stats`](Self::stats)
+    /// counts none done, and a re-enqueue of a published id is no longer refused as a
+    /// duplicate. Retried and dead rows are kept as always.
+    #[must_use]
+    pub fn delete_on_publish(mut self, on: bool) -> Self {
+        self.table = self.table.delete_done(on);
+        self
+    }
+
     fn pool(&self) -> &SqlitePool {
         self.table.pool()
     }

@@ -40,6 +40,11 @@ RETURNING seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS
 UPDATE oncebox_outbox
 SET status = 'done', done_at = ?3, lease_token = NULL, lease_until = NULL
 WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'",
+    delete_done: Some(
+        "\
+DELETE FROM oncebox_outbox
+WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'",
+    ),
     release: "\
 UPDATE oncebox_outbox SET lease_token = NULL, lease_until = NULL
 WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'",

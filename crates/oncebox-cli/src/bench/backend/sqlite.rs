@@ -63,7 +63,7 @@ impl Backend for SqliteBench {
     type Effect = SqliteEffect;
 
     fn outbox(&self, _notify: bool) -> SqliteOutbox {
-        self.store.outbox()
+        self.store.outbox().delete_on_publish(true)
     }
 
     async fn reset_outbox(&self) -> anyhow::Result<()> {
