@@ -26,20 +26,10 @@ impl MySqlHarness {
     }
 
     async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        for message in messages {
-            outbox.enqueue(&mut tx, message).await?;
-        }
+        let tx = self.db.enqueued(messages).await?;
         if commit {
             tx.commit().await.map_err(Error::store_transient)?;
-            outbox.wake();
+            self.db.store.outbox().wake();
         } else {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
@@ -52,6 +42,10 @@ impl OutboxHarness for MySqlHarness {
 
     fn store(&self) -> MySqlOutbox {
         self.db.store.outbox()
+    }
+
+    fn deleting_on_publish(&self) -> Option<MySqlOutbox> {
+        Some(self.db.store.outbox().delete_on_publish(true))
     }
 
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {

@@ -51,17 +51,7 @@ impl MultiRelayHarness for Harness {
     /// Enqueues, then takes the versions of `keys` (row locks held to the commit, so
     /// versions follow commit order), and commits.
     async fn produce(&self, messages: &[Message], keys: &[String]) -> Result<HashMap<String, i64>> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        for message in messages {
-            outbox.enqueue(&mut tx, message).await?;
-        }
+        let mut tx = self.db.enqueued(messages).await?;
         let mut versions = HashMap::new();
         for key in keys {
             sqlx::query("UPDATE key_versions SET n = n + 1 WHERE `key` = ?")
@@ -77,7 +67,7 @@ impl MultiRelayHarness for Harness {
             versions.insert(key.clone(), n);
         }
         tx.commit().await.map_err(classify)?;
-        outbox.wake();
+        self.db.store.outbox().wake();
         Ok(versions)
     }
 

@@ -43,56 +43,6 @@ async fn wake_ends_a_wait_at_once() {
     assert!(waited < Duration::from_secs(5));
 }
 
-/// With delete on publish, done rows are deleted; retries and dead rows stay.
-#[tokio::test(flavor = "multi_thread")]
-async fn delete_on_publish_deletes_done_rows_only() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox().delete_on_publish(true);
-    let (a, b, c) = (msg(None, "a"), msg(None, "b"), msg(None, "c"));
-    enqueue(&outbox, &db.store, &[a.clone(), b.clone(), c.clone()]).await;
-    let (token, rows) = claim(&outbox, 10, LONG).await;
-    let settlements = vec![
-        Settlement {
-            seq: rows[0].seq,
-            outcome: Settle::Done,
-        },
-        Settlement {
-            seq: rows[1].seq,
-            outcome: Settle::Retry {
-                at: SystemTime::now() + LONG,
-                error: "later".into(),
-            },
-        },
-        Settlement {
-            seq: rows[2].seq,
-            outcome: Settle::Dead {
-                reason: "never".into(),
-            },
-        },
-    ];
-    // A stale token deletes nothing.
-    outbox
-        .settle(oncebox_core::spool::LeaseToken::new(), &settlements)
-        .await
-        .unwrap();
-    assert!(outbox.status(a.id).await.unwrap().is_some());
-    outbox.settle(token, &settlements).await.unwrap();
-    assert!(
-        outbox.status(a.id).await.unwrap().is_none(),
-        "a was deleted"
-    );
-    assert_eq!(
-        outbox.status(b.id).await.unwrap().unwrap().status,
-        RowStatus::Pending
-    );
-    assert_eq!(
-        outbox.status(c.id).await.unwrap().unwrap().status,
-        RowStatus::Dead
-    );
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.done, stats.dead), (1, 0, 1));
-}
-
 /// Counts, the oldest pending age, dead letters with their reason, undecodable rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_calls_and_undecodable_rows() {

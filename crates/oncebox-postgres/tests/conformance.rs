@@ -27,20 +27,10 @@ impl PgHarness {
     }
 
     async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        for message in messages {
-            outbox.enqueue(&mut tx, message).await?;
-        }
+        let tx = self.db.enqueued(messages).await?;
         if commit {
             tx.commit().await.map_err(Error::store_transient)?;
-            outbox.wake();
+            self.db.store.outbox().wake();
         } else {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
@@ -53,6 +43,10 @@ impl OutboxHarness for PgHarness {
 
     fn store(&self) -> PgOutbox {
         self.db.store.outbox()
+    }
+
+    fn deleting_on_publish(&self) -> Option<PgOutbox> {
+        Some(self.db.store.outbox().delete_on_publish(true))
     }
 
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
@@ -143,6 +137,17 @@ impl OutboxHarness for LeasedHarness {
 
     fn store(&self) -> PgOutbox {
         self.0.db.store.outbox().with_held_claims(false)
+    }
+
+    fn deleting_on_publish(&self) -> Option<PgOutbox> {
+        Some(
+            self.0
+                .db
+                .store
+                .outbox()
+                .with_held_claims(false)
+                .delete_on_publish(true),
+        )
     }
 
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {

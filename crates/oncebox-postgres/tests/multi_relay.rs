@@ -44,17 +44,7 @@ impl MultiRelayHarness for Harness {
     }
 
     async fn produce(&self, messages: &[Message], keys: &[String]) -> Result<HashMap<String, i64>> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        for message in messages {
-            outbox.enqueue(&mut tx, message).await?;
-        }
+        let mut tx = self.db.enqueued(messages).await?;
         let mut versions = HashMap::new();
         for key in keys {
             let n: i64 =

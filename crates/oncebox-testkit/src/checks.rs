@@ -44,6 +44,7 @@ macro_rules! outbox_checks {
             dead_stores_reason_and_unblocks,
             release_counts_nothing,
             purge_is_bounded_and_selective,
+            delete_on_publish_deletes_done_rows_only,
             rolled_back_enqueue_is_never_claimed,
             bad_input_is_a_typed_error,
             relay_keeps_commit_order,

@@ -26,6 +26,7 @@
 //! | [`dead_stores_reason_and_unblocks`] | dead counts the attempt, stores the reason, is never claimed again and unblocks its key |
 //! | [`release_counts_nothing`] | release ends the lease without counting an attempt |
 //! | [`purge_is_bounded_and_selective`] | purge deletes only done rows settled before `before`, at most `limit` per call |
+//! | [`delete_on_publish_deletes_done_rows_only`] | with delete on publish, done rows are deleted at settle, retried and dead rows kept, stale tokens fenced |
 //! | [`rolled_back_enqueue_is_never_claimed`] | atomic enqueue: a rolled-back transaction leaves no row |
 //! | [`bad_input_is_a_typed_error`] | duplicate ids and invalid messages are typed errors and store nothing |
 //! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
@@ -56,7 +57,8 @@ pub use relay::{
     relay_cleanup_purges_published, relay_keeps_commit_order,
 };
 pub use settling::{
-    bad_input_is_a_typed_error, dead_stores_reason_and_unblocks, purge_is_bounded_and_selective,
+    bad_input_is_a_typed_error, dead_stores_reason_and_unblocks,
+    delete_on_publish_deletes_done_rows_only, purge_is_bounded_and_selective,
     release_counts_nothing, retry_counts_and_waits, rolled_back_enqueue_is_never_claimed,
 };
 
@@ -105,6 +107,13 @@ pub trait OutboxHarness: Send + Sync {
     ///
     /// A store error.
     fn row_state(&self, id: MessageId) -> impl Future<Output = Result<Option<RowState>>> + Send;
+
+    /// A handle on the same table that deletes rows as they are published, instead of
+    /// marking them done, if the store has that option. Default: `None`, and
+    /// [`delete_on_publish_deletes_done_rows_only`] skips itself.
+    fn deleting_on_publish(&self) -> Option<Self::Store> {
+        None
+    }
 
     /// The limits the store enforces at enqueue. Default: [`Limits::new`].
     fn limits(&self) -> Limits {

@@ -79,6 +79,10 @@ impl OutboxHarness for SqliteHarness {
         self.store.outbox()
     }
 
+    fn deleting_on_publish(&self) -> Option<SqliteOutbox> {
+        Some(self.store.outbox().delete_on_publish(true))
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.enqueue_all(messages, true).await
     }

@@ -67,6 +67,30 @@ impl TestDb {
         db
     }
 
+    /// A transaction on the pool with `messages` enqueued in it, in order, not yet
+    /// committed: the start of every producer transaction the tests write.
+    ///
+    /// # Errors
+    ///
+    /// The outbox's error for the first message it refused; a transient error if no
+    /// transaction could be begun.
+    pub async fn enqueued(
+        &self,
+        messages: &[Message],
+    ) -> oncebox_core::Result<sqlx::Transaction<'static, sqlx::MySql>> {
+        let outbox = self.store.outbox();
+        let mut tx = self
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(oncebox_core::Error::store_transient)?;
+        for message in messages {
+            outbox.enqueue(&mut tx, message).await?;
+        }
+        Ok(tx)
+    }
+
     /// Runs `sql` (no parameters, several statements allowed) on the pool.
     pub async fn exec(&self, sql: &str) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))

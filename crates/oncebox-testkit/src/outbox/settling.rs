@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::spool::{Settle, Settlement, SpoolStore};
+use oncebox_core::spool::{LeaseToken, Settle, Settlement, SpoolStore};
 use oncebox_core::{Bytes, Error, InvalidMessage, Message, MessageId};
 
 use super::{
@@ -274,6 +274,82 @@ pub async fn purge_is_bounded_and_selective<H: OutboxHarness>(harness: &H) {
     assert_state(
         "pending row after purge",
         &state(harness, &pending).await,
+        RowStatus::Pending,
+        0,
+    );
+}
+
+/// Delete on publish: a row settled done is deleted, at once; retried and dead rows stay,
+/// counted; a stale token deletes nothing; the published id may be enqueued again.
+///
+/// Skipped, and says so, for a store without that option
+/// ([`OutboxHarness::deleting_on_publish`] is `None`).
+pub async fn delete_on_publish_deletes_done_rows_only<H: OutboxHarness>(harness: &H) {
+    let Some(store) = harness.deleting_on_publish() else {
+        eprintln!("skipped: this store has no delete-on-publish option");
+        return;
+    };
+    let (done, retrying, dead) = (
+        message(None, "done"),
+        message(None, "retrying"),
+        message(None, "dead"),
+    );
+    ok(
+        "enqueue",
+        harness
+            .enqueue(&[done.clone(), retrying.clone(), dead.clone()])
+            .await,
+    );
+    let (token, rows) = claim("claim", &store, 10, LONG_LEASE).await;
+    let retry = Settle::Retry {
+        at: SystemTime::now() + LONG_LEASE,
+        error: "later".to_owned(),
+    };
+    let settlements = vec![
+        outcome(&rows, &done, Settle::Done),
+        outcome(&rows, &retrying, retry),
+        outcome(
+            &rows,
+            &dead,
+            Settle::Dead {
+                reason: "never".to_owned(),
+            },
+        ),
+    ];
+    settle(
+        "settle, stale token",
+        &store,
+        LeaseToken::new(),
+        settlements.clone(),
+    )
+    .await;
+    assert_state(
+        "done row after a stale token's settlement",
+        &state(harness, &done).await,
+        RowStatus::Pending,
+        0,
+    );
+
+    settle("settle", &store, token, settlements).await;
+    assert_eq!(
+        ok("row_state", harness.row_state(done.id).await),
+        None,
+        "the published row was not deleted"
+    );
+    assert_state(
+        "retrying row",
+        &state(harness, &retrying).await,
+        RowStatus::Pending,
+        1,
+    );
+    assert_state("dead row", &state(harness, &dead).await, RowStatus::Dead, 1);
+    ok(
+        "enqueue the published id again",
+        harness.enqueue_one(&done).await,
+    );
+    assert_state(
+        "the published id, enqueued again",
+        &state(harness, &done).await,
         RowStatus::Pending,
         0,
     );
