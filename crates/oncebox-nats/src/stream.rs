@@ -167,7 +167,12 @@ impl JetStreamTransport {
     /// [`Error::InvalidOptions`] for settings that fail [`StreamSettings::validate`] or
     /// a storage change; a permanent transport error when the server refuses the
     /// configuration (subjects overlapping another stream's); a transient one when it
-    /// cannot be reached.
+    /// cannot be reached, or when it keeps failing to create the stream's storage.
+    ///
+    /// A server that fails to create a stream's storage answers only with the sentence
+    /// "error creating store for stream" (the cause goes to its own log). That creation
+    /// is tried four times in all, 100, 200 and 300 ms apart, before the error is
+    /// returned.
     ///
     /// # Cancel safety
     ///
@@ -210,21 +215,43 @@ async fn ensure(shared: &Shared, settings: &StreamSettings, subjects: Vec<String
         })?;
     }
     // Two processes may race to create it: the loser updates instead.
-    for _ in 0..2 {
+    let mut races = 0;
+    let mut store_failures = 0;
+    loop {
         match existing(shared, &settings.name).await? {
             Some(current) => return update(shared, settings, subjects, current).await,
             None => match create(shared, settings, subjects.clone()).await {
-                Err(Created::Exists) => continue,
-                Err(Created::Failed(error)) => return Err(error),
                 Ok(()) => return Ok(()),
+                Err(Created::Exists) if races < 1 => races += 1,
+                Err(Created::Exists) => {
+                    return Err(client(
+                        format!("ensure stream {}", settings.name),
+                        "the stream kept appearing and disappearing",
+                    ));
+                }
+                Err(Created::StoreFailed(error)) => {
+                    store_failures += 1;
+                    if store_failures == STORE_ATTEMPTS {
+                        return Err(error);
+                    }
+                    tracing::warn!(
+                        stream = %settings.name, attempt = store_failures, %error,
+                        "JetStream failed to create the stream's storage; trying again"
+                    );
+                    tokio::time::sleep(STORE_RETRY_PAUSE * store_failures).await;
+                }
+                Err(Created::Failed(error)) => return Err(error),
             },
         }
     }
-    Err(client(
-        format!("ensure stream {}", settings.name),
-        "the stream kept appearing and disappearing",
-    ))
 }
+
+/// How many times [`JetStreamTransport::ensure_stream`] tries to create a stream whose
+/// storage the server failed to create.
+const STORE_ATTEMPTS: u32 = 4;
+
+/// The pause after the first such failure; the n-th is followed by n times as long.
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The configuration of stream `name`, or `None` if there is no such stream.
 async fn existing(shared: &Shared, name: &str) -> Result<Option<Config>> {
@@ -247,6 +274,9 @@ async fn existing(shared: &Shared, name: &str) -> Result<Option<Config>> {
 
 enum Created {
     Exists,
+    /// The server's generic answer when creating the stream's storage failed: worth
+    /// another try.
+    StoreFailed(Error),
     Failed(Error),
 }
 
@@ -272,9 +302,20 @@ async fn create(
             {
                 Created::Exists
             }
+            CreateStreamErrorKind::JetStream(api) if is_store_failure(&api) => {
+                Created::StoreFailed(refused(format!("create stream {}", settings.name), api))
+            }
             kind => Created::Failed(stream_error(&settings.name, "create", kind, error)),
         }),
     }
+}
+
+/// The server's answers to a stream whose storage it could not create: 10077, or 10049
+/// (the generic creation error) with the fixed sentence standalone servers send.
+fn is_store_failure(api: &jetstream::Error) -> bool {
+    api.error_code() == ErrorCode::STREAM_STORE_FAILED
+        || (api.error_code() == ErrorCode::STREAM_CREATE
+            && api.to_string().contains("error creating store"))
 }
 
 async fn update(

@@ -5,6 +5,7 @@
 mod support;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use oncebox_nats::{
 };
 use support::{LocalServer, NatsHarness, unique};
 use tokio::sync::Notify;
+use tracing_subscriber::layer::{self, Layer, SubscriberExt};
 
 const PATIENCE: Duration = Duration::from_secs(5);
 
@@ -352,6 +354,59 @@ async fn ensure_stream_merges_topics_and_applies_the_window() {
         .unwrap_err();
     assert!(!error.is_transient(), "{error}");
     harness.cleanup().await;
+}
+
+/// Signals each warning the transport logs.
+struct OnWarning(Arc<Notify>);
+
+impl<S: tracing::Subscriber> Layer<S> for OnWarning {
+    fn on_event(&self, event: &tracing::Event<'_>, _: layer::Context<'_, S>) {
+        let metadata = event.metadata();
+        if *metadata.level() == tracing::Level::WARN
+            && metadata.target().starts_with("oncebox_nats")
+        {
+            self.0.notify_one();
+        }
+    }
+}
+
+/// A server that cannot create a stream's storage answers only "error creating store for
+/// stream": `ensure_stream` tries again, gets through once the cause is gone, and returns
+/// a transient error if it is not.
+// One thread: the tracing subscriber set below sees the transport's events.
+#[tokio::test]
+async fn ensure_stream_tries_again_when_the_server_cannot_create_the_store() {
+    let server = LocalServer::start().await.unwrap();
+    let transport = support::connect(&server.url(), Duration::from_secs(2)).await;
+    let name = support::stream_name("store");
+    let settings = StreamSettings::new(&name).topic(format!("obt-store-{}", unique()));
+    // A file where the stream's directory goes.
+    let blocker = server.stream_dir(&name);
+    std::fs::create_dir_all(blocker.parent().unwrap()).unwrap();
+    std::fs::write(&blocker, b"not a directory").unwrap();
+
+    let error = transport.ensure_stream(&settings).await.unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error.to_string().contains("error creating store"),
+        "{error}"
+    );
+
+    let warned = Arc::new(Notify::new());
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(OnWarning(Arc::clone(&warned))),
+    );
+    let (created, ()) = tokio::join!(transport.ensure_stream(&settings), async {
+        if tokio::time::timeout(PATIENCE, warned.notified())
+            .await
+            .is_ok()
+        {
+            std::fs::remove_file(&blocker).unwrap();
+        }
+    });
+    created.expect("the stream is created once the cause is gone");
+    transport.jetstream().get_stream(&name).await.unwrap();
+    server.stop().await;
 }
 
 /// Publishes concurrently while the broker is killed and, once publishes have failed,

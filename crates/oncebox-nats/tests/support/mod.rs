@@ -248,6 +248,11 @@ impl LocalServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// Where the server keeps stream `name` of the default account.
+    pub(crate) fn stream_dir(&self, name: &str) -> PathBuf {
+        self.store.path().join("jetstream/$G/streams").join(name)
+    }
+
     /// Stops the server and waits for it to exit.
     pub(crate) async fn stop(&self) {
         if let Some(mut running) = self.child.lock().await.take() {
