@@ -24,62 +24,117 @@ INSERT INTO oncebox_durable_inbox (
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14)
 ON CONFLICT (consumer, dedup_id) DO NOTHING";
 
-const COMPLETE: &str = "\
-UPDATE oncebox_durable_inbox
-SET status = 'done', done_at = ?4, result = ?3, lease_token = NULL, lease_until = NULL
-WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending' AND consumer = ?5";
+/// The rows held by the consumer's live claims, for a statement whose `?1` is now and
+/// whose consumer is `?N`.
+macro_rules! live_claimed {
+    ($consumer:literal) => {
+        concat!(
+            "SELECT j.value FROM oncebox_durable_inbox_claims AS c, json_each(c.seqs) AS j
+             WHERE c.consumer = ",
+            $consumer,
+            " AND c.until > ?1"
+        )
+    };
+}
+
+/// The rows the claim `?1` holds.
+macro_rules! held_by_token {
+    () => {
+        "SELECT j.value FROM oncebox_durable_inbox_claims AS c, json_each(c.seqs) AS j
+         WHERE c.token = ?1"
+    };
+}
+
+const COMPLETE: &str = concat!(
+    "\
+UPDATE oncebox_durable_inbox SET status = 'done', done_at = ?4, result = ?3
+WHERE seq = ?2 AND status = 'pending' AND consumer = ?5 AND seq IN (",
+    held_by_token!(),
+    ")"
+);
 
 /// The spool statements; the consumer is always the last parameter.
 static SPOOL: SpoolSql = SpoolSql {
     table: TABLE,
-    candidates: "\
+    candidates: concat!(
+        "\
 SELECT json_group_array(seq), count(*) FROM (
 SELECT o.seq FROM oncebox_durable_inbox AS o
 WHERE o.consumer = ?3 AND o.status = 'pending'
   AND o.available_at <= ?1
-  AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+  AND o.seq NOT IN (",
+        live_claimed!("?3"),
+        ")
   AND (o.key IS NULL OR NOT EXISTS (
       SELECT 1 FROM oncebox_durable_inbox AS p
       WHERE p.consumer = ?3 AND p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
-        AND (p.available_at > ?1 OR p.lease_until > ?1)))
+        AND (p.available_at > ?1 OR p.seq IN (",
+        live_claimed!("?3"),
+        "))))
 ORDER BY o.seq
-LIMIT ?2)",
-    claim: "\
-UPDATE oncebox_durable_inbox SET lease_token = ?3, lease_until = ?2
-WHERE seq IN (
+LIMIT ?2)"
+    ),
+    claim: concat!(
+        "\
+INSERT INTO oncebox_durable_inbox_claims (token, consumer, claimed_at, until, seqs)
+SELECT ?3, ?5, ?1, ?2, json_group_array(seq) FROM (
   SELECT o.seq FROM oncebox_durable_inbox AS o
   WHERE o.seq IN (SELECT value FROM json_each(?4))
     AND o.consumer = ?5 AND o.status = 'pending'
     AND o.available_at <= ?1
-    AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+    AND o.seq NOT IN (",
+        live_claimed!("?5"),
+        ")
     AND (o.key IS NULL OR NOT EXISTS (
         SELECT 1 FROM oncebox_durable_inbox AS p
         WHERE p.consumer = ?5 AND p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
-          AND (p.available_at > ?1 OR p.lease_until > ?1
-               OR p.seq NOT IN (SELECT value FROM json_each(?4))))))
-RETURNING seq, attempts, message_id, topic, key, kind, headers,
-          CAST(payload AS BLOB) AS payload, created_at, source, partition, position,
-          delivery_count",
-    done: "\
-UPDATE oncebox_durable_inbox
-SET status = 'done', done_at = ?3, lease_token = NULL, lease_until = NULL
-WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'
-  AND consumer = ?4",
+          AND (p.available_at > ?1 OR p.seq IN (",
+        live_claimed!("?5"),
+        ")
+               OR p.seq NOT IN (SELECT value FROM json_each(?4)))))
+  ORDER BY o.seq)
+HAVING count(*) > 0
+ON CONFLICT (token) DO UPDATE SET seqs = (
+  SELECT json_group_array(value) FROM (
+    SELECT value FROM json_each(seqs) UNION ALL SELECT value FROM json_each(excluded.seqs)))
+RETURNING seqs"
+    ),
+    rows: "\
+SELECT seq, attempts, message_id, topic, key, kind, headers,
+       CAST(payload AS BLOB) AS payload, created_at, source, partition, position,
+       delivery_count
+FROM oncebox_durable_inbox WHERE seq IN (SELECT value FROM json_each(?1)) AND consumer = ?2",
+    done: concat!(
+        "\
+UPDATE oncebox_durable_inbox SET status = 'done', done_at = ?3
+WHERE seq IN (SELECT value FROM json_each(?2)) AND status = 'pending' AND consumer = ?4
+  AND seq IN (",
+        held_by_token!(),
+        ")"
+    ),
     delete_done: None,
-    release: "\
-UPDATE oncebox_durable_inbox SET lease_token = NULL, lease_until = NULL
-WHERE seq IN (SELECT value FROM json_each(?2)) AND lease_token = ?1 AND status = 'pending'
-  AND consumer = ?3",
-    retry: "\
+    retry: concat!(
+        "\
+UPDATE oncebox_durable_inbox SET attempts = attempts + 1, available_at = ?3, last_error = ?4
+WHERE seq = ?2 AND status = 'pending' AND consumer = ?5 AND seq IN (",
+        held_by_token!(),
+        ")"
+    ),
+    dead: concat!(
+        "\
 UPDATE oncebox_durable_inbox
-SET attempts = attempts + 1, available_at = ?3, last_error = ?4,
-    lease_token = NULL, lease_until = NULL
-WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending' AND consumer = ?5",
-    dead: "\
-UPDATE oncebox_durable_inbox
-SET attempts = attempts + 1, status = 'dead', dead_at = ?3, last_error = ?4,
-    lease_token = NULL, lease_until = NULL
-WHERE seq = ?2 AND lease_token = ?1 AND status = 'pending' AND consumer = ?5",
+SET attempts = attempts + 1, status = 'dead', dead_at = ?3, last_error = ?4
+WHERE seq = ?2 AND status = 'pending' AND consumer = ?5 AND seq IN (",
+        held_by_token!(),
+        ")"
+    ),
+    unclaim: "\
+UPDATE oncebox_durable_inbox_claims
+SET seqs = (SELECT json_group_array(j.value) FROM json_each(seqs) AS j
+            WHERE j.value NOT IN (SELECT value FROM json_each(?2)))
+WHERE token = ?1 AND consumer = ?3",
+    drop_claim: "\
+DELETE FROM oncebox_durable_inbox_claims WHERE token = ?1 AND seqs = '[]' AND consumer = ?2",
     purge: "\
 DELETE FROM oncebox_durable_inbox WHERE seq IN (
   SELECT seq FROM oncebox_durable_inbox

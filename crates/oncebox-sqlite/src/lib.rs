@@ -12,7 +12,8 @@
 //! [`SqliteStore`] opens the database (WAL, `synchronous = NORMAL`, a 10 s busy
 //! timeout), runs the embedded migrations ([`SqliteStore::migrate`], recorded in
 //! `_oncebox_migrations`, apart from your own `_sqlx_migrations`) and hands out the
-//! stores. The schema's raw SQL is [`SCHEMA_V1`], for teams with their own migration tool.
+//! stores. The schema's raw SQL is [`SCHEMA_V1`] and [`SCHEMA_V2`], for teams with their
+//! own migration tool.
 //!
 //! # Example
 //!
@@ -59,8 +60,10 @@
 //! SQLite has a single writer. Transactions that write should start with
 //! `BEGIN IMMEDIATE` (the inbox stores do): they then queue for the write lock, up to the
 //! busy timeout, instead of failing when a read lock cannot be upgraded. Relays claim
-//! without holding the write lock during their scan, so several relays, in one process
-//! or several sharing the file, work side by side and keep per-key order. Handler
+//! without holding the write lock during their scan, and lease a batch by writing one
+//! row, a claim (`oncebox_outbox_claims`: the batch's `seq`s and the end of its lease),
+//! not a lease into every claimed row. Several relays, in one process or several sharing
+//! the file, work side by side and keep per-key order. Handler
 //! transactions of the inboxes run one at a time per database: keep them short.
 //!
 //! Errors of the driver reach you as [`oncebox_core::Error::Store`], transient for a busy
@@ -82,7 +85,7 @@ pub use dedup::SqliteDedupStore;
 pub use durable::SqliteDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::SqliteInbox;
-pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, migrator};
+pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, migrator};
 pub use outbox::{DeadLetter, OutboxStats, RowState, RowStatus, SqliteOutbox};
 pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
 

@@ -11,6 +11,11 @@ pub const MIGRATIONS_TABLE: &str = "_oncebox_migrations";
 /// migrations with their own tool. Every statement is idempotent.
 pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 
+/// Version 2, applied after [`SCHEMA_V1`]: leases held by a table of claims instead of
+/// columns of the claimed rows (`migrations/0002_claims.sql`). Apply it once, with the
+/// relays stopped: it drops the lease columns.
+pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
+
 /// The migrator of oncebox's tables, recording its work in [`MIGRATIONS_TABLE`].
 ///
 /// [`SqliteStore::migrate`](crate::SqliteStore::migrate) runs it; call it directly to
@@ -22,13 +27,19 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// # Ok(()) }
 /// ```
 pub fn migrator() -> Migrator {
-    let migrations = vec![Migration::new(
-        1,
-        "oncebox init".into(),
-        MigrationType::Simple,
-        SCHEMA_V1.into_sql_str(),
-        false,
-    )];
+    let migration = |version, description: &'static str, sql: &'static str| {
+        Migration::new(
+            version,
+            description.into(),
+            MigrationType::Simple,
+            sql.into_sql_str(),
+            false,
+        )
+    };
+    let migrations = vec![
+        migration(1, "oncebox init", SCHEMA_V1),
+        migration(2, "oncebox claims", SCHEMA_V2),
+    ];
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator

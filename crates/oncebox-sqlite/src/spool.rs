@@ -3,21 +3,36 @@
 //!
 //! # Claiming
 //!
-//! A claim runs in two steps so that the scan never holds SQLite's write lock:
+//! A lease is a row of the table's claims table (`oncebox_outbox_claims`,
+//! `oncebox_durable_inbox_claims`): a token, the end of the lease, and the `seq`s the
+//! claim holds as a JSON array. A pending row is leased while a claim whose lease has not
+//! ended holds it. Claiming a batch writes that one row, not every claimed row: the rows
+//! are written once more only when they are settled.
+//!
+//! A claim runs in three steps, so that the scan never holds SQLite's write lock:
 //!
 //! 1. **Candidates**, a plain read (WAL readers never block writers): the first `limit`
-//!    claimable rows by `seq`. A pending row is claimable if it is due, not under a live
-//!    lease, and no earlier pending row of its key is unclaimable. The scan walks the
+//!    claimable rows by `seq`. A pending row is claimable if it is due, no live claim
+//!    holds it, and no earlier pending row of its key is unclaimable. The scan walks the
 //!    partial index of pending rows in `seq` order and stops after `limit` hits; rows
 //!    queued behind a blocked key are walked over, at index speed.
-//! 2. **Lease**, one `UPDATE ... RETURNING` statement (atomic on its own): leases the
-//!    candidates that are *still* claimable, and only if every earlier pending row of
-//!    their key is a candidate too. So each key's leased rows stay a prefix of its
-//!    pending rows even if another relay leased rows, or an operator replayed a dead
-//!    row, in between.
+//! 2. **Claim**, one `INSERT ... SELECT ... RETURNING` statement (atomic on its own):
+//!    records a claim of the candidates that are *still* claimable, and only of those
+//!    whose earlier pending rows of their key are candidates too. So each key's claimed
+//!    rows stay a prefix of its pending rows even if another relay claimed rows, or an
+//!    operator replayed a dead row, in between. A trigger deletes, in the same
+//!    statement, every claim whose lease had ended: claims never overlap.
+//! 3. **Rows**, a plain read of the rows the claim holds.
 //!
 //! A relay that loses candidates to a concurrent claim tries again, a few times, for the
 //! rest of its batch.
+//!
+//! # Settling
+//!
+//! One `BEGIN IMMEDIATE` transaction: each settlement applies only to a row its claim
+//! still holds (a claim deleted because its lease ended and its rows were claimed again
+//! settles nothing), then the settled rows leave the claim, and a claim left empty is
+//! deleted.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -50,19 +65,24 @@ pub(crate) struct SpoolSql {
     /// `?1` now, `?2` limit → one row: the `seq`s of the first claimable rows (a JSON
     /// array), and how many there are.
     pub(crate) candidates: &'static str,
-    /// `?1` now, `?2` lease until, `?3` token, `?4` candidates (JSON array) → claimed rows.
+    /// `?1` now, `?2` lease until, `?3` token, `?4` candidates (JSON array) → the claim's
+    /// `seqs` (a JSON array), or no row if none of the candidates is claimable now.
     pub(crate) claim: &'static str,
+    /// `?1` seqs (JSON array) → the claimed rows.
+    pub(crate) rows: &'static str,
     /// `?1` token, `?2` seqs (JSON array), `?3` now.
     pub(crate) done: &'static str,
     /// `?1` token, `?2` seqs (JSON array): deletes published rows instead of marking
     /// them done, for tables that offer it.
     pub(crate) delete_done: Option<&'static str>,
-    /// `?1` token, `?2` seqs (JSON array).
-    pub(crate) release: &'static str,
     /// `?1` token, `?2` seq, `?3` available at, `?4` error.
     pub(crate) retry: &'static str,
     /// `?1` token, `?2` seq, `?3` now, `?4` reason.
     pub(crate) dead: &'static str,
+    /// `?1` token, `?2` seqs (JSON array): takes the settled rows out of the claim.
+    pub(crate) unclaim: &'static str,
+    /// `?1` token: deletes the claim if it holds no row.
+    pub(crate) drop_claim: &'static str,
     /// `?1` before, `?2` limit.
     pub(crate) purge: &'static str,
 }
@@ -130,6 +150,7 @@ impl SpoolTable {
         let lease_until = now.saturating_add(duration_millis(request.lease));
         let token = request.token.to_string();
         let mut claimed = Vec::new();
+        let mut held: Vec<i64> = Vec::new();
         for _ in 0..CLAIM_ROUNDS {
             let want = request.limit.saturating_sub(claimed.len());
             if want == 0 {
@@ -151,7 +172,7 @@ impl SpoolTable {
             if count == 0 {
                 break;
             }
-            let rows = self
+            let claim = self
                 .scoped(
                     sqlx::query(self.sql.claim)
                         .bind(now)
@@ -159,15 +180,32 @@ impl SpoolTable {
                         .bind(token.clone())
                         .bind(candidates),
                 )
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(store_error)?;
+            let Some(claim) = claim else {
+                // Every candidate went to another claim: look again.
+                continue;
+            };
+            let seqs: String = claim.try_get(0).map_err(store_error)?;
+            let rows = self
+                .scoped(sqlx::query(self.sql.rows).bind(seqs))
                 .fetch_all(&self.pool)
                 .await
                 .map_err(store_error)?;
-            let lost_some = i64::try_from(rows.len()).unwrap_or(i64::MAX) < count;
+            // A claim's later rounds add to its rows: skip those of the earlier rounds.
+            let earlier = held.len();
             for row in &rows {
-                if let Some(item) = self.decode_claimed(request.token, row).await? {
+                let seq: i64 = row.try_get("seq").map_err(store_error)?;
+                if held[..earlier].contains(&seq) {
+                    continue;
+                }
+                held.push(seq);
+                if let Some(item) = self.decode_claimed(seq, request.token, row).await? {
                     claimed.push(item);
                 }
             }
+            let lost_some = i64::try_from(held.len() - earlier).unwrap_or(i64::MAX) < count;
             if !lost_some {
                 break;
             }
@@ -180,10 +218,10 @@ impl SpoolTable {
     /// (it can never be delivered, and must not stall the spool) and skipped.
     async fn decode_claimed<T: SpoolRow>(
         &self,
+        seq: i64,
         token: LeaseToken,
         row: &SqliteRow,
     ) -> Result<Option<Claimed<T>>> {
-        let seq: i64 = row.try_get("seq").map_err(store_error)?;
         let reader = RowReader::new(row, self.sql.table, format_args!("seq {seq}"));
         match decode_row::<T>(&reader) {
             Ok((attempts, item)) => Ok(Some(Claimed {
@@ -214,25 +252,21 @@ impl SpoolTable {
     }
 
     pub(crate) async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
-        let ops = SettleOps::plan(token, settlements);
-        match ops.statements() {
-            0 => Ok(()),
-            1 => {
-                let mut conn = self.pool.acquire().await.map_err(store_error)?;
-                self.apply(&mut conn, &ops).await
-            }
-            _ => {
-                let mut tx = self
-                    .pool
-                    .begin_with("BEGIN IMMEDIATE")
-                    .await
-                    .map_err(store_error)?;
-                self.apply(&mut tx, &ops).await?;
-                tx.commit().await.map_err(store_error)
-            }
+        if settlements.is_empty() {
+            return Ok(());
         }
+        let ops = SettleOps::plan(token, settlements);
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(store_error)?;
+        self.apply(&mut tx, &ops).await?;
+        tx.commit().await.map_err(store_error)
     }
 
+    /// Applies the settlements to the rows the claim holds, then takes those rows out of
+    /// the claim.
     async fn apply(&self, conn: &mut SqliteConnection, ops: &SettleOps) -> Result<()> {
         let now = to_unix_millis(SystemTime::now());
         if !ops.done.is_empty() {
@@ -245,19 +279,7 @@ impl SpoolTable {
                     .bind(json_list(&ops.done))
                     .bind(now),
             };
-            self.scoped(query)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
-        }
-        if !ops.release.is_empty() {
-            let query = sqlx::query(self.sql.release)
-                .bind(ops.token.clone())
-                .bind(json_list(&ops.release));
-            self.scoped(query)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
+            self.execute(conn, query).await?;
         }
         for (seq, at, error) in &ops.retry {
             let query = sqlx::query(self.sql.retry)
@@ -265,10 +287,7 @@ impl SpoolTable {
                 .bind(*seq)
                 .bind(*at)
                 .bind(error.clone());
-            self.scoped(query)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
+            self.execute(conn, query).await?;
         }
         for (seq, reason) in &ops.dead {
             let query = sqlx::query(self.sql.dead)
@@ -276,11 +295,21 @@ impl SpoolTable {
                 .bind(*seq)
                 .bind(now)
                 .bind(reason.clone());
-            self.scoped(query)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
+            self.execute(conn, query).await?;
         }
+        let unclaim = sqlx::query(self.sql.unclaim)
+            .bind(ops.token.clone())
+            .bind(json_list(&ops.settled));
+        self.execute(conn, unclaim).await?;
+        let drop_claim = sqlx::query(self.sql.drop_claim).bind(ops.token.clone());
+        self.execute(conn, drop_claim).await
+    }
+
+    async fn execute(&self, conn: &mut SqliteConnection, query: SqliteQuery) -> Result<()> {
+        self.scoped(query)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
         Ok(())
     }
 
@@ -313,14 +342,14 @@ fn decode_row<T: SpoolRow>(reader: &RowReader<'_>) -> Result<(u32, T), RowDecode
     Ok((reader.count("attempts")?, T::decode(reader)?))
 }
 
-/// Settlements grouped into statements: one each for all done and all released rows,
-/// one per retried or dead row.
+/// Settlements grouped into statements: one for all done rows, one per retried or dead
+/// row; released rows only leave the claim, as every settled row does.
 struct SettleOps {
     token: String,
     done: Vec<i64>,
-    release: Vec<i64>,
     retry: Vec<(i64, i64, String)>,
     dead: Vec<(i64, String)>,
+    settled: Vec<i64>,
 }
 
 impl SettleOps {
@@ -328,12 +357,13 @@ impl SettleOps {
         let mut ops = Self {
             token: token.to_string(),
             done: Vec::new(),
-            release: Vec::new(),
             retry: Vec::new(),
             dead: Vec::new(),
+            settled: Vec::with_capacity(settlements.len()),
         };
         for settlement in settlements {
             let seq = settlement.seq;
+            ops.settled.push(seq);
             match &settlement.outcome {
                 Settle::Done => ops.done.push(seq),
                 Settle::Retry { at, error } => {
@@ -342,17 +372,10 @@ impl SettleOps {
                 Settle::Dead { reason } => ops.dead.push((seq, cap_error(reason))),
                 // `Release`, and any outcome added to the core later: end the lease and
                 // count nothing, the one settlement that can never lose a row.
-                _ => ops.release.push(seq),
+                _ => {}
             }
         }
         ops
-    }
-
-    fn statements(&self) -> usize {
-        usize::from(!self.done.is_empty())
-            + usize::from(!self.release.is_empty())
-            + self.retry.len()
-            + self.dead.len()
     }
 }
 
@@ -422,7 +445,8 @@ mod tests {
         .collect();
         let ops = SettleOps::plan(LeaseToken::new(), &settlements);
         assert_eq!(ops.done, vec![0, 1]);
-        assert_eq!(ops.release, vec![2]);
-        assert_eq!(ops.statements(), 4);
+        assert_eq!(ops.retry.len(), 1);
+        assert_eq!(ops.dead.len(), 1);
+        assert_eq!(ops.settled, vec![0, 1, 2, 3, 4], "all leave the claim");
     }
 }

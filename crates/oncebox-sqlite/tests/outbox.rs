@@ -570,7 +570,7 @@ async fn migrations_are_idempotent_and_kept_apart() {
         .fetch_one(db.store.pool())
         .await
         .unwrap();
-    assert_eq!(applied, 1);
+    assert_eq!(applied, 2);
     let (theirs,): (i64,) =
         sqlx::query_as("SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'")
             .fetch_one(db.store.pool())
@@ -593,4 +593,44 @@ async fn migrations_are_idempotent_and_kept_apart() {
         .unwrap();
     again.migrate().await.unwrap();
     assert_eq!(again.outbox().stats().await.unwrap().pending, 0);
+}
+
+/// A database at schema version 1 with rows pending, one of them leased, upgrades to
+/// version 2 (claims): the rows stay, the lease is dropped, and a relay publishes them all.
+#[tokio::test]
+async fn version_1_databases_upgrade_and_keep_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    let store = oncebox_sqlite::SqliteStore::connect(&path).await.unwrap();
+    sqlx::raw_sql(oncebox_sqlite::SCHEMA_V1)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // What version 1's migrator recorded, so that the migrator goes on from there.
+    let mut version_1 = oncebox_sqlite::migrator();
+    version_1.migrations.to_mut().truncate(1);
+    version_1.run(store.pool()).await.unwrap();
+    enqueue(
+        &store,
+        &[msg(Some("k"), "a"), msg(Some("k"), "b"), msg(None, "c")],
+    )
+    .await;
+    sqlx::query(
+        "UPDATE oncebox_outbox SET lease_token = 'old', lease_until = 9999999999999 WHERE seq = 1",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    store.migrate().await.unwrap();
+    let outbox = store.outbox();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.pending, 3);
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&rows), ["a", "b", "c"], "the old lease is gone");
+    outbox
+        .settle(token, &settle_all(&rows, Settle::Done))
+        .await
+        .unwrap();
+    assert_eq!(outbox.stats().await.unwrap().done, 3);
 }
