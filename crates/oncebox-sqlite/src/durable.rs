@@ -93,11 +93,8 @@ SELECT ?3, ?5, ?1, ?2, json_group_array(seq) FROM (
         ")
                OR p.seq NOT IN (SELECT value FROM json_each(?4)))))
   ORDER BY o.seq)
-HAVING count(*) > 0
-ON CONFLICT (token) DO UPDATE SET seqs = (
-  SELECT json_group_array(value) FROM (
-    SELECT value FROM json_each(seqs) UNION ALL SELECT value FROM json_each(excluded.seqs)))
-RETURNING seqs"
+",
+        claim_returning_seqs!()
     ),
     rows: "\
 SELECT seq, attempts, message_id, topic, key, kind, headers,

@@ -72,6 +72,19 @@
 //! a [`RowDecodeError`] naming the row; a relay that claims such a row marks it dead
 //! with that reason instead of stopping.
 
+/// The end of each spool table's claim statement, after the `SELECT` of the rows to
+/// claim: records the claim if there is any row (a later round of the same claim adds its
+/// rows to the claim's), and returns the `seqs` the claim holds.
+macro_rules! claim_returning_seqs {
+    () => {
+        "HAVING count(*) > 0
+ON CONFLICT (token) DO UPDATE SET seqs = (
+  SELECT json_group_array(value) FROM (
+    SELECT value FROM json_each(seqs) UNION ALL SELECT value FROM json_each(excluded.seqs)))
+RETURNING seqs"
+    };
+}
+
 mod dedup;
 mod durable;
 mod error;
