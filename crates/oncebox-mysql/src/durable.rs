@@ -33,13 +33,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ",
     ")"
 );
 
-/// `?` result, `?` seq, `?` token, `?` consumer.
+/// `?` result, `?` seq, `?` consumer.
 const COMPLETE: &str = concat!(
     "UPDATE oncebox_durable_inbox
 SET status = 1, done_at = ",
     now_ms!(),
-    ", result = ?, lease_token = X'00000000000000000000000000000000', lease_until = 0
-WHERE seq = ? AND lease_token = ? AND status = 0 AND consumer = ?"
+    ", result = ?
+WHERE seq = ? AND status = 0 AND consumer = ?"
 );
 
 static SPOOL: LazyLock<SpoolSql> = LazyLock::new(|| {
@@ -185,11 +185,13 @@ impl DurableInboxStore for MySqlDurableInbox {
         seq: i64,
         result: &[u8],
     ) -> Result<()> {
-        // Rows matched (sqlx sets CLIENT_FOUND_ROWS): 0 means the lease is gone.
+        if !self.table.holds(tx, token, seq).await? {
+            return Err(Error::LeaseLost);
+        }
+        // Rows matched (sqlx sets CLIENT_FOUND_ROWS): 0 means the row was settled.
         let updated = query(COMPLETE)
             .bind(result.to_vec())
             .bind(seq)
-            .bind(uuid_bytes(token.as_uuid()))
             .bind(self.consumer.as_bytes().to_vec())
             .execute(&mut **tx)
             .await

@@ -55,9 +55,11 @@
 //! apart from your application's `_sqlx_migrations`. Several applications or tenants
 //! share a server with a database each.
 //!
-//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] is
-//! `migrations/0001_init.sql` (`mysql --database=app < 0001_init.sql`). Every statement
-//! in it is idempotent, which matters here: MySQL commits each DDL statement on its own,
+//! Teams with their own migration tool apply the raw SQL instead, in order:
+//! [`SCHEMA_V1`] is `migrations/0001_init.sql` (`mysql --database=app < 0001_init.sql`),
+//! [`SCHEMA_V2`] is `migrations/0002_claims.sql` (the table of claims; it drops the lease
+//! columns of version 1, and with them the leases held while it runs, whose rows are
+//! then delivered once more). Every statement in them is idempotent, which matters here: MySQL commits each DDL statement on its own,
 //! so a migration cannot roll back half way, and running the file again finishes it.
 //!
 //! What the columns hold, and why:
@@ -80,11 +82,13 @@
 //!   characters. A longer value is refused with a [`ValueTooLong`] error, never cut.
 //! - **Status** is a `TINYINT` (0 pending, 1 done, 2 dead). With an `ENUM`, MariaDB no
 //!   longer reads the `(status, key, seq)` index in order one group per key.
-//! - **Lease and settlement columns** (`lease_token`, `lease_until`, `done_at`,
-//!   `dead_at`) are `NOT NULL` and fixed-size, zero meaning "none": a claim's lease
-//!   update then rewrites each row in place. A `NULL` becoming a value grows the row,
-//!   and made the lease update of 256 rows about four times slower (5 ms against
-//!   1.2 ms in the relay benchmark, MariaDB 10.11).
+//! - **Settlement columns** (`done_at`, `dead_at`, `available_at`) are `NOT NULL` and
+//!   fixed-size, zero meaning "none": settling rewrites each row in place. A `NULL`
+//!   becoming a value grows the row, and made an update of 256 rows about four times
+//!   slower (5 ms against 1.2 ms in the relay benchmark, MariaDB 10.11, measured on the
+//!   lease columns of schema version 1).
+//! - **Leases** are not written into the rows: a claim is one row of `oncebox_claims`
+//!   (see "Claiming").
 //!
 //! # Per-key order with several relays
 //!
@@ -134,20 +138,29 @@
 //! claim, so each key's claimed rows are a prefix of its pending rows and a failing row
 //! holds back only its own key. A key with a live lease on any of its rows is not
 //! claimed at all. A relay that dies leaves its rows leased until the lease ends, then
-//! another claims them (failover), and the dead relay's late settlements are refused by
-//! the lease token.
+//! another claims them (failover), and the dead relay's late settlements are refused:
+//! its claim is gone.
 //!
 //! # Claiming
 //!
-//! In the claim transaction, after the lock:
+//! **Leases are a table of claims.** A claim is one row of `oncebox_claims`: the table
+//! it claimed from (its name in `oncebox_claim_locks`), its token, the end of its lease
+//! and the `seq`s it holds, as a JSON array. A pending row is leased while a claim whose
+//! lease has not ended holds it. Claims are recorded only under the claim lock, and each
+//! claim first deletes the claims whose lease has ended, so live claims never hold the
+//! same row. Writing the lease into each claimed row instead (schema version 1) rewrote
+//! 256 rows per claim, about a sixth of a relay's time per batch.
+//!
+//! In the claim transaction, after the lock, the claim reads the table's claims (one
+//! primary-key range) and deletes those whose lease has ended; then:
 //!
 //! 1. **Step 1** reads a *window* of the first pending rows in commit order from the
 //!    `(status, seq)` index, with the database's clock: a quarter more rows than the
 //!    last claim needed, between 1.25 and 4 per row asked for (at least 128 and 1024).
 //!    The rule is decided in Rust on those rows (every earlier pending row of a key in
-//!    the window is in the window). The picked rows are locked and read in full (`WHERE
-//!    seq IN (...) ... FOR UPDATE SKIP LOCKED`), cut to per-key prefixes, and leased
-//!    (`UPDATE ... SET lease_token = ?, lease_until = ? WHERE seq IN (...)`). A window
+//!    the window; the rows live claims hold are known from their `seqs`). The picked
+//!    rows are locked and read in full (`WHERE seq IN (...) ... FOR UPDATE SKIP
+//!    LOCKED`) and cut to per-key prefixes. A window
 //!    that was full and yielded too few rows (other relays hold more of the head than
 //!    it covered) is read again at the upper bound, in the same claim.
 //! 2. Only when even that window held fewer free rows than asked for, **step 2**
@@ -156,7 +169,9 @@
 //!    first row as rows are wanted (probing at most 128 keys, or twice as many as rows
 //!    are wanted if that is more), and
 //!    takes a fair share of each one's free rows, plus free rows without a key; then
-//!    locks, cuts and leases them as step 1 does. Step 2 is what keeps claims finding
+//!    locks and cuts them as step 1 does.
+//! 3. The rows taken are recorded as the claim's row in `oncebox_claims`, with the
+//!    lease's end on the database's clock. Step 2 is what keeps claims finding
 //!    work when a few keys hold a large backlog that other relays hold, or that waits for
 //!    a retry. (MariaDB has no `LATERAL` and cannot read an index "one key at a time"
 //!    in a correlated subquery, so the probes are separate statements.)
@@ -166,11 +181,17 @@
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]
 //! shows them on your data.
 //!
-//! Settling is one statement per kind of outcome: published rows (`UPDATE ... WHERE seq
-//! IN (...)`, or `DELETE` with [`MySqlOutbox::delete_on_publish`]), released rows, and
-//! failed rows (one `UPDATE` joined to a `JSON_TABLE` of the failures, each with its own
-//! retry time and error), all filtered by the lease token, in one transaction (with the
-//! next claim, when the relay settles and claims at once). Retention deletes done rows in
+//! Settling first locks the claim's row (`SELECT ... FOR UPDATE`) and settles only the
+//! rows it still holds; a claim that is gone (its lease ended, and a later claim deleted
+//! it) settles nothing, and a claimer deleting an ended claim waits for a settlement of
+//! it in flight. Then one statement per kind of outcome: published rows (`UPDATE ...
+//! WHERE seq IN (...)`, or `DELETE` with [`MySqlOutbox::delete_on_publish`]) and failed
+//! rows (one `UPDATE` joined to a `JSON_TABLE` of the failures, each with its own retry
+//! time and error); released rows only leave the claim. The claim keeps the rows not
+//! settled, or is deleted. All in one transaction (with the next claim, when the relay
+//! settles and claims at once). The durable inbox's `complete` checks in the handler's
+//! transaction that its claim still holds the row, the claim's row locked in share mode,
+//! so completions of one claim do not wait for each other. Retention deletes done rows in
 //! bounded batches on the `(status, done_at)` index (`DELETE ... ORDER BY done_at LIMIT
 //! n`), in `READ COMMITTED`.
 //!
@@ -244,7 +265,7 @@ pub use dedup::MySqlDedupStore;
 pub use durable::MySqlDurableInbox;
 pub use error::{RowDecodeError, ValueTooLong};
 pub use inbox::MySqlInbox;
-pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, migrator};
+pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, migrator};
 pub use outbox::{DeadLetter, MySqlOutbox, OutboxStats, RowState, RowStatus};
 pub use store::{DEFAULT_MAX_CONNECTIONS, MySqlStore};
 

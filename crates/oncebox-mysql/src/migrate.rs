@@ -19,6 +19,13 @@ pub const MIGRATIONS_TABLE: &str = "_oncebox_migrations";
 /// own, so a run that stopped half way is finished by running the file again.
 pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 
+/// The schema, version 2: the raw SQL of `migrations/0002_claims.sql`, applied after
+/// [`SCHEMA_V1`]. It adds `oncebox_claims`, the table of live claims that holds the
+/// relays' leases, and drops the lease columns of the spool tables. Idempotent like
+/// version 1. Leases held while it runs are dropped, so their rows are delivered once
+/// more: stop the relays first if that matters.
+pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
+
 /// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
 ///
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
@@ -30,13 +37,21 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// # Ok(()) }
 /// ```
 pub fn migrator() -> Migrator {
-    let migrations = vec![Migration::new(
-        1,
-        "oncebox init".into(),
-        MigrationType::Simple,
-        SCHEMA_V1.into_sql_str(),
-        false,
-    )];
+    let migrations = [
+        (1, "oncebox init", SCHEMA_V1),
+        (2, "oncebox claims", SCHEMA_V2),
+    ]
+    .into_iter()
+    .map(|(version, name, sql)| {
+        Migration::new(
+            version,
+            name.into(),
+            MigrationType::Simple,
+            sql.into_sql_str(),
+            false,
+        )
+    })
+    .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator

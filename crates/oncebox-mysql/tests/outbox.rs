@@ -229,7 +229,7 @@ async fn migrations_have_their_own_table() {
             .fetch_all(db.store.pool())
             .await
             .unwrap();
-    assert_eq!(applied, [(1, true)]);
+    assert_eq!(applied, [(1, true), (2, true)]);
     let sqlx_table: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.tables
          WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
@@ -259,16 +259,71 @@ async fn raw_sql_builds_working_tables() {
         .await
         .unwrap();
     for _ in 0..2 {
-        sqlx::raw_sql(oncebox_mysql::SCHEMA_V1)
-            .execute(&pool)
-            .await
-            .expect("the raw SQL applies (again)");
+        for schema in [oncebox_mysql::SCHEMA_V1, oncebox_mysql::SCHEMA_V2] {
+            sqlx::raw_sql(schema)
+                .execute(&pool)
+                .await
+                .expect("the raw SQL applies (again)");
+        }
     }
     let store = MySqlStore::from_pool(pool.clone());
     let outbox = store.outbox();
     enqueue(&outbox, &store, &[msg(Some("k"), "raw")]).await;
     let (_, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["raw"]);
+    pool.close().await;
+    common::drop_database(name);
+}
+
+/// A database on schema version 1, with a row under a live lease, upgrades to version 2:
+/// the lease columns go, with the lease (its row is claimed again), and every row is
+/// kept and then published.
+#[tokio::test(flavor = "multi_thread")]
+async fn version_1_databases_upgrade_and_keep_their_rows() {
+    let name = common::create_database("oncebox_v1").await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect_with(common::options().database(&name))
+        .await
+        .unwrap();
+    // What version 1's migrator did, so that the migrator goes on from there.
+    let mut version_1 = oncebox_mysql::migrator();
+    version_1.migrations.to_mut().truncate(1);
+    version_1.run(&pool).await.unwrap();
+    let store = MySqlStore::from_pool(pool.clone());
+    let outbox = store.outbox();
+    let messages = [msg(Some("k"), "a"), msg(Some("k"), "b"), msg(None, "c")];
+    enqueue(&outbox, &store, &messages).await;
+    sqlx::query(
+        "UPDATE oncebox_outbox SET lease_token = X'01', lease_until = 9999999999999
+         WHERE seq = (SELECT MIN(seq) FROM (SELECT seq FROM oncebox_outbox) AS s)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    store.migrate().await.unwrap();
+    let lease_columns: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns
+         WHERE table_schema = DATABASE() AND column_name LIKE 'lease%'
+           AND table_name IN ('oncebox_outbox', 'oncebox_durable_inbox')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(lease_columns, 0, "the lease columns are gone");
+    assert_eq!(outbox.stats().await.unwrap().pending, 3);
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(labels(&rows), ["a", "b", "c"], "the old lease is gone");
+    let done: Vec<Settlement> = rows
+        .iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: Settle::Done,
+        })
+        .collect();
+    outbox.settle(token, &done).await.unwrap();
+    assert_eq!(outbox.stats().await.unwrap().done, 3);
     pool.close().await;
     common::drop_database(name);
 }
@@ -378,15 +433,23 @@ async fn claim_plans_use_the_indexes() {
         steps[0].starts_with("window") && steps[0].contains("oncebox_outbox_pending"),
         "{plans}"
     );
-    for step in &steps[1..] {
+    // id, select_type, table, type, possible_keys, key, ...
+    let plan = |step: &str| -> Vec<String> {
         let row = step.lines().nth(2).unwrap_or_else(|| panic!("{plans}"));
-        let columns: Vec<&str> = row.split('\t').collect();
-        // id, select_type, table, type, possible_keys, key, ...
-        assert_eq!(
-            (columns[3], columns[5]),
-            ("range", "PRIMARY"),
-            "the listed rows are found by primary key: {plans}"
-        );
-    }
+        row.split('\t').map(str::to_owned).collect()
+    };
+    let lock = plan(steps[1]);
+    assert!(steps[1].starts_with("lock"), "{plans}");
+    assert_eq!(
+        (lock[3].as_str(), lock[5].as_str()),
+        ("range", "PRIMARY"),
+        "the listed rows are found by primary key: {plans}"
+    );
+    let claims = plan(steps[2]);
+    assert!(steps[2].starts_with("claims"), "{plans}");
+    assert_eq!(
+        claims[5], "PRIMARY",
+        "a table's claims are found by primary key: {plans}"
+    );
     assert!(!plans.contains("filesort"), "{plans}");
 }

@@ -10,7 +10,7 @@ use sqlx::Row;
 use super::{MySqlOutbox, TABLE};
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::SpoolRow;
-use crate::spool::sql::{DEAD, DONE, NO_TOKEN, PENDING};
+use crate::spool::sql::{DEAD, DONE, PENDING};
 use crate::sql::{NOW_MS, begin_read_committed, query, sql_limit, uuid_bytes};
 
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
@@ -23,7 +23,7 @@ struct AdminSql {
     find_dead: String,
     /// `?` key → the latest live lease of the key's pending rows.
     key_lease: String,
-    /// `?` lease until, `?` seq.
+    /// `?` seq.
     replay: String,
     /// `?` id.
     status: String,
@@ -47,18 +47,26 @@ FROM {TABLE} AS t WHERE t.status = {DEAD} ORDER BY t.seq LIMIT ?"
         "SELECT seq, `key` FROM {TABLE} WHERE id = ? AND status = {DEAD} FOR UPDATE"
     ),
     key_lease: format!(
-        "SELECT MAX(lease_until) FROM {TABLE}
-WHERE status = {PENDING} AND `key` = ? AND lease_until > {NOW_MS}"
+        "SELECT MAX(c.lease_until)
+FROM oncebox_claims AS c
+  CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
+  JOIN {TABLE} AS t ON t.seq = j.seq
+WHERE c.spool = '{TABLE}' AND c.lease_until > {NOW_MS}
+  AND t.status = {PENDING} AND t.`key` = ?"
     ),
     replay: format!(
         "UPDATE {TABLE}
-SET status = {PENDING}, attempts = 0, available_at = {NOW_MS}, dead_at = 0,
-    lease_token = {NO_TOKEN}, lease_until = ?
+SET status = {PENDING}, attempts = 0, available_at = {NOW_MS}, dead_at = 0
 WHERE seq = ? AND status = {DEAD}"
     ),
     status: format!(
-        "SELECT seq, status, attempts, last_error, available_at, lease_until, done_at, dead_at
-FROM {TABLE} WHERE id = ?"
+        "SELECT t.seq, t.status, t.attempts, t.last_error, t.available_at, t.done_at, t.dead_at,
+  COALESCE((
+    SELECT MAX(c.lease_until)
+    FROM oncebox_claims AS c
+      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
+    WHERE c.spool = '{TABLE}' AND j.seq = t.seq), 0) AS lease_until
+FROM {TABLE} AS t WHERE t.id = ?"
     ),
 });
 
@@ -127,7 +135,7 @@ impl MySqlOutbox {
     /// pending messages of its key, which wait for it. If a relay holds later messages
     /// of its key right now, the replayed row waits until that relay's lease ends, so
     /// that the key is never on two relays at once: the replay takes the claim lock, and
-    /// gives the row a lease without a holder until then.
+    /// records a claim of the row that no relay holds, ending with the key's lease.
     ///
     /// # Errors
     ///
@@ -139,7 +147,7 @@ impl MySqlOutbox {
     pub async fn replay_dead(&self, id: MessageId) -> Result<bool> {
         let mut tx = begin_read_committed(self.pool()).await?;
         query(&super::SPOOL.lock)
-            .bind(TABLE.as_bytes().to_vec())
+            .bind(self.table.spool())
             .execute(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -162,11 +170,16 @@ impl MySqlOutbox {
             None => None,
         };
         query(&SQL.replay)
-            .bind(held_until.unwrap_or(0))
             .bind(seq)
             .execute(&mut *tx)
             .await
             .map_err(store_error)?;
+        if let Some(until) = held_until {
+            let token = uuid_bytes(&uuid::Uuid::new_v4());
+            self.table
+                .record_claim(&mut tx, token, until, &[seq])
+                .await?;
+        }
         tx.commit().await.map_err(store_error)?;
         self.wake();
         Ok(true)

@@ -191,9 +191,9 @@ impl MySqlOutbox {
         }
     }
 
-    /// The plans of the claim's first step for `limit` rows on this table's data: the
-    /// window read, the locking read and the lease update, under `EXPLAIN` (nothing runs
-    /// and nothing is locked). For operators asking why claims are slow.
+    /// The plans of a claim's reads for `limit` rows on this table's data: the window
+    /// read, the locking read of the rows picked and the read of the live claims, under
+    /// `EXPLAIN` (nothing runs and nothing is locked). For operators asking why claims are slow.
     ///
     /// # Errors
     ///
@@ -222,29 +222,31 @@ impl SpoolStore for MySqlOutbox {
     ///
     /// One short `READ COMMITTED` transaction: the table's claim lock (a row of
     /// `oncebox_claim_locks`, which serialises the claims of all relays on the table);
-    /// step 1, a read of the first pending rows in commit order, the claim rule decided
-    /// on them, a locking read `FOR UPDATE SKIP LOCKED` of the rows picked and the lease
-    /// update; and, only if that window held fewer free rows than asked for while more
-    /// rows are pending, step 2, which finds free keys one index probe per key.
+    /// the table's live claims; step 1, a read of the first pending rows in commit
+    /// order, the claim rule decided on them and a locking read `FOR UPDATE SKIP LOCKED`
+    /// of the rows picked; only if that window held fewer free rows than asked for while
+    /// more rows are pending, step 2, which finds free keys one index probe per key; and
+    /// the claim's row in `oncebox_claims`.
     ///
-    /// Step 1's plans on MariaDB 10.11, on 200,000 pending rows over 2,000 keys, claiming
-    /// 256 rows (from [`MySqlOutbox::explain_claim`], the `possible_keys` column left out):
+    /// The plans of its reads on MariaDB 10.11, on 200,000 pending rows over 2,000 keys,
+    /// claiming 256 rows (from [`MySqlOutbox::explain_claim`], the `possible_keys` column
+    /// left out):
     ///
     /// ```text
     /// -- window
-    /// id  select_type  table           type   key                     key_len  ref   rows   Extra
-    /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL  99492  Using index condition
+    /// id  select_type  table           type   key                     key_len  ref    rows   Extra
+    /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL   99165  Using index condition
     /// -- lock
-    /// 1   SIMPLE       t               range  PRIMARY                 8        NULL  256    Using where
-    /// -- lease
-    /// 1   SIMPLE       oncebox_outbox  range  PRIMARY                 8        NULL  256    Using where
+    /// 1   SIMPLE       t               range  PRIMARY                 8        NULL   256    Using where
+    /// -- claims
+    /// 1   SIMPLE       oncebox_claims  ref    PRIMARY                 302      const  1      Using where
     /// ```
     ///
     /// The window is the head of the `(status, seq)` index, read in order and stopped by
     /// the `LIMIT` (`rows` estimates the whole range of pending rows, not what is read);
-    /// the locking read and the lease update find the picked rows by primary key. Nothing
-    /// sorts, nothing scans the table. The test `claim_plans_use_the_indexes` checks these
-    /// plans.
+    /// the locking read finds the picked rows by primary key, and the claims are one
+    /// primary-key range. Nothing sorts, nothing scans the table. The test
+    /// `claim_plans_use_the_indexes` checks these plans.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Message>>> {
         self.seen.mark();
         self.table.claim(request).await

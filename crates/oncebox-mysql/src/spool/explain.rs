@@ -9,28 +9,25 @@ use crate::error::store_error;
 use crate::sql::{MAX_LIST, bind_list, query_owned, sql_limit, with_list};
 
 impl SpoolTable {
-    /// The plans of step 1's statements for a claim of `limit` rows (`EXPLAIN`; nothing
-    /// runs, nothing is locked).
+    /// The plans of a claim's reads for `limit` rows: the window, the locking read of
+    /// the rows picked, and the live claims (`EXPLAIN`; nothing runs, nothing is
+    /// locked).
     pub(crate) async fn explain_claim(&self, limit: usize) -> Result<String> {
         let mut conn = self.pool.acquire().await.map_err(store_error)?;
         let size = sql_limit(self.window(limit.max(1)));
         let explain = |sql: &str| query_owned(format!("EXPLAIN {sql}"));
         let window = self.scoped(explain(&self.sql.window)).bind(size);
-        // Step 1's worst case: `limit` rows picked from the window, all locked and leased.
+        // Step 1's worst case: `limit` rows picked from the window, all locked.
         let seqs: Vec<i64> = (1..=sql_limit(limit.clamp(1, MAX_LIST))).collect();
         let lock = self
             .scoped(bind_list(
                 explain(&with_list(&self.sql.lock_rows, seqs.len())),
                 &seqs,
             ))
-            .bind(0_i64)
             .bind(0_i64);
-        let lease = explain(&with_list(&self.sql.lease, seqs.len()))
-            .bind(vec![0_u8; 16])
-            .bind(0_i64);
-        let lease = bind_list(lease, &seqs);
+        let claims = explain(&self.sql.claims).bind(self.spool());
         let mut plans = String::new();
-        for (step, statement) in [("window", window), ("lock", lock), ("lease", lease)] {
+        for (step, statement) in [("window", window), ("lock", lock), ("claims", claims)] {
             let rows = statement.fetch_all(&mut *conn).await.map_err(store_error)?;
             plans.push_str(&format!("-- {step}\n{}", format_plan(&rows)));
         }

@@ -2,6 +2,7 @@
 //! inbox, which differ only in their [`Layout`]. The crate docs ("Claiming") describe
 //! the algorithm.
 
+mod claims;
 mod explain;
 mod rule;
 mod settle;
@@ -21,6 +22,7 @@ use crate::sql::{
     MAX_LIST, MySqlQuery, begin_read_committed, bind_list, duration_ms, query, query_owned,
     sql_limit, uuid_bytes, with_list,
 };
+use claims::Held;
 use rule::Pending;
 pub(crate) use sql::{Layout, SpoolSql};
 
@@ -48,7 +50,8 @@ pub(crate) struct SpoolTable {
     pool: MySqlPool,
     sql: &'static SpoolSql,
     scope: Option<Arc<str>>,
-    /// The row of `oncebox_claim_locks` that serialises the claims of this table.
+    /// The table's name in `oncebox_claim_locks`, whose row serialises its claims, and
+    /// in `oncebox_claims`.
     lock_name: Arc<str>,
     /// Where step 2's scan of keys resumes; shared by clones, so that successive claims of
     /// a process move through the whole key space.
@@ -83,6 +86,11 @@ impl SpoolTable {
 
     pub(crate) fn table(&self) -> &'static str {
         self.sql.table
+    }
+
+    /// The table's name in `oncebox_claim_locks` and `oncebox_claims`.
+    pub(crate) fn spool(&self) -> Vec<u8> {
+        self.lock_name.as_bytes().to_vec()
     }
 
     pub(crate) fn set_window(&mut self, rows: usize) {
@@ -153,31 +161,33 @@ impl SpoolTable {
         Ok(self.decode_all(request.token, rows).await)
     }
 
-    /// The claim's statements in `conn`'s transaction: the lock, step 1 and, if needed,
-    /// step 2; returns the claimed rows, not yet decoded.
+    /// The claim's statements in `conn`'s transaction: the lock, the live claims, step 1
+    /// and, if needed, step 2, and the claim's record; returns the claimed rows, not yet
+    /// decoded.
     async fn claim_in(
         &self,
         conn: &mut MySqlConnection,
         request: &ClaimRequest,
     ) -> Result<Vec<(i64, MySqlRow)>> {
-        let lease = Lease {
-            token: uuid_bytes(request.token.as_uuid()),
-            ms: duration_ms(request.lease).max(1),
-        };
         query(&self.sql.lock)
-            .bind(self.lock_name.as_bytes().to_vec())
+            .bind(self.spool())
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
+        let mut held = self.live_claims(conn).await?;
         let (_, high) = window_bounds(request.limit);
         let mut size = self.window(request.limit);
         let mut claimed = Vec::new();
+        let mut now = None;
         loop {
             let want = request.limit.saturating_sub(claimed.len());
-            let Some(step) = self.step_one(conn, size, want, &lease).await? else {
-                return Ok(claimed);
+            let Some(step) = self.step_one(conn, size, want, &held).await? else {
+                break;
             };
-            claimed.extend(step.leased);
+            now = Some(step.now);
+            // Taken: a second window or step 2 must pass over them like other claims' rows.
+            held.add(step.locked.iter().map(|(seq, _)| *seq));
+            claimed.extend(step.locked);
             let want = request.limit.saturating_sub(claimed.len());
             let short = want > 0 && step.full;
             if short && self.window.is_none() && size < high {
@@ -188,10 +198,17 @@ impl SpoolTable {
             }
             self.adapt_window(request.limit, step.used, short);
             if short {
-                claimed.extend(self.claim_keys(conn, want, step.now, &lease).await?);
+                claimed.extend(self.claim_keys(conn, want, step.now, &held).await?);
             }
-            return Ok(claimed);
+            break;
         }
+        if let (Some(now), false) = (now, claimed.is_empty()) {
+            let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
+            let until = now.saturating_add(duration_ms(request.lease).max(1));
+            self.record_claim(conn, uuid_bytes(request.token.as_uuid()), until, &seqs)
+                .await?;
+        }
+        Ok(claimed)
     }
 
     /// Step 1 over a window of `size` rows, for at most `want` rows; `None` if nothing
@@ -201,7 +218,7 @@ impl SpoolTable {
         conn: &mut MySqlConnection,
         size: usize,
         want: usize,
-        lease: &Lease,
+        held: &Held,
     ) -> Result<Option<StepOne>> {
         let rows = self
             .scoped(query(&self.sql.window))
@@ -213,28 +230,31 @@ impl SpoolTable {
             return Ok(None);
         };
         let now: i64 = first.try_get("now_ms").map_err(store_error)?;
-        let window = rows.iter().map(pending).collect::<Result<Vec<_>>>()?;
+        let window = rows
+            .iter()
+            .map(|row| pending(row, held))
+            .collect::<Result<Vec<_>>>()?;
         let picked = rule::pick(&window, now, want);
         let used = picked.last().map_or(0, |last| {
             window.iter().take_while(|r| r.seq <= last.seq).count()
         });
-        let leased = self.lock_and_lease(conn, &picked, now, lease).await?;
+        let locked = self.lock_picked(conn, &picked, now).await?;
         Ok(Some(StepOne {
-            leased,
+            locked,
             now,
             used,
             full: window.len() >= size,
         }))
     }
 
-    /// Locks the `picked` rows that are still pending and free (skipping rows other
-    /// transactions hold), leases those that keep their keys prefixes, and returns them.
-    async fn lock_and_lease(
+    /// Locks the `picked` rows that are still pending and due (skipping rows other
+    /// transactions hold), and returns those that keep their keys' prefixes: the rows
+    /// the claim takes.
+    async fn lock_picked(
         &self,
         conn: &mut MySqlConnection,
         picked: &[&Pending],
         now: i64,
-        lease: &Lease,
     ) -> Result<Vec<(i64, MySqlRow)>> {
         if picked.is_empty() {
             return Ok(Vec::new());
@@ -245,7 +265,6 @@ impl SpoolTable {
             let statement = with_list(&self.sql.lock_rows, chunk.len());
             let rows = self
                 .scoped(bind_list(query_owned(statement), chunk))
-                .bind(now)
                 .bind(now)
                 .fetch_all(&mut *conn)
                 .await
@@ -258,16 +277,6 @@ impl SpoolTable {
         let seqs: HashSet<i64> = locked.iter().map(|(seq, _)| *seq).collect();
         let keep: HashSet<i64> = rule::leasable(picked, &seqs).into_iter().collect();
         locked.retain(|(seq, _)| keep.contains(seq));
-        let leased: Vec<i64> = locked.iter().map(|(seq, _)| *seq).collect();
-        for chunk in leased.chunks(MAX_LIST) {
-            let statement = query_owned(with_list(&self.sql.lease, chunk.len()))
-                .bind(lease.token.clone())
-                .bind(now.saturating_add(lease.ms));
-            bind_list(statement, chunk)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
-        }
         Ok(locked)
     }
 
@@ -280,7 +289,7 @@ impl SpoolTable {
         conn: &mut MySqlConnection,
         want: usize,
         now: i64,
-        lease: &Lease,
+        held: &Held,
     ) -> Result<Vec<(i64, MySqlRow)>> {
         let scan = MIN_KEY_SCAN.max(want.saturating_mul(KEYS_PER_ROW));
         let mut cursor = self.lock_cursor().clone();
@@ -296,7 +305,7 @@ impl SpoolTable {
                 cursor.clear();
                 break;
             };
-            let head = pending(&row)?;
+            let head = pending(&row, held)?;
             // The smallest key after this one: the key with a zero byte appended.
             cursor = head.key.clone().unwrap_or_default();
             cursor.push(0);
@@ -322,26 +331,30 @@ impl SpoolTable {
                     .await
                     .map_err(store_error)?
                     .iter()
-                    .map(pending)
+                    .map(|row| pending(row, held))
                     .collect::<Result<Vec<_>>>()?;
                 candidates.extend(rule::free_run(&rows, now).into_iter().cloned());
             }
         }
+        // Held rows are filtered here, not in SQL: read enough that `want` free ones
+        // remain even if every held row is among them.
         let unkeyed = self
             .scoped(query(&self.sql.unkeyed))
             .bind(now)
-            .bind(now)
-            .bind(sql_limit(want))
+            .bind(sql_limit(want.saturating_add(held.len())))
             .fetch_all(&mut *conn)
             .await
             .map_err(store_error)?;
         for row in &unkeyed {
-            candidates.push(pending(row)?);
+            let row = pending(row, held)?;
+            if !row.held {
+                candidates.push(row);
+            }
         }
         candidates.sort_by_key(|c| c.seq);
         candidates.truncate(want);
         let picked: Vec<&Pending> = candidates.iter().collect();
-        self.lock_and_lease(conn, &picked, now, lease).await
+        self.lock_picked(conn, &picked, now).await
     }
 
     fn lock_cursor(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
@@ -395,20 +408,14 @@ impl SpoolTable {
 
 /// What one pass of step 1 did.
 struct StepOne {
-    /// The rows it leased, not yet decoded.
-    leased: Vec<(i64, MySqlRow)>,
+    /// The rows it took, locked, not yet decoded.
+    locked: Vec<(i64, MySqlRow)>,
     /// The database's clock when it read the window.
     now: i64,
     /// The window's rows up to its last picked one.
     used: usize,
     /// The window was full: more rows may be pending behind it.
     full: bool,
-}
-
-/// What every leased row gets: the claim's token and the lease's length.
-struct Lease {
-    token: Vec<u8>,
-    ms: i64,
 }
 
 /// The bounds of the default window for a claim of `limit` rows.
@@ -423,7 +430,8 @@ fn window_bounds(limit: usize) -> (usize, usize) {
 /// The window after a step 1 of `limit` rows that needed `used` rows of its window.
 ///
 /// A relay alone needs `limit` rows, and every row read costs a primary-key lookup (the
-/// window reads lease columns no index holds): it reads a quarter more. With other
+/// window reads `key` and `available_at`, which the `(status, seq)` index does not
+/// hold): it reads a quarter more. With other
 /// relays holding rows at the head, `used` counts their rows too, and the window grows
 /// with them. A window that comes back short is read again at the upper bound, in the
 /// same claim, before step 2 (a probe per key, each a round trip, under the claim lock):
@@ -438,14 +446,15 @@ fn next_window(limit: usize, used: usize, short: bool) -> usize {
     }
 }
 
-/// A pending row's bookkeeping, from a statement returning `seq`, `k`, `available_at`
-/// and `lease_until`.
-fn pending(row: &MySqlRow) -> Result<Pending> {
+/// A pending row's bookkeeping, from a statement returning `seq`, `k` and
+/// `available_at`, and whether a live claim holds it.
+fn pending(row: &MySqlRow, held: &Held) -> Result<Pending> {
+    let seq = row.try_get("seq").map_err(store_error)?;
     Ok(Pending {
-        seq: row.try_get("seq").map_err(store_error)?,
+        seq,
         key: row.try_get("k").map_err(store_error)?,
         available_at: row.try_get("available_at").map_err(store_error)?,
-        lease_until: row.try_get("lease_until").map_err(store_error)?,
+        held: held.contains(seq),
     })
 }
 

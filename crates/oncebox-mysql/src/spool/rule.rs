@@ -14,19 +14,14 @@ pub(crate) struct Pending {
     pub(crate) seq: i64,
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) available_at: i64,
-    /// 0 if the row was never leased.
-    pub(crate) lease_until: i64,
+    /// A live claim holds the row.
+    pub(crate) held: bool,
 }
 
 impl Pending {
-    /// Under a live lease at `now`.
-    pub(crate) fn held(&self, now: i64) -> bool {
-        self.lease_until > now
-    }
-
     /// Not claimable on its own at `now`: not due yet, or leased.
     pub(crate) fn blocked(&self, now: i64) -> bool {
-        self.available_at > now || self.held(now)
+        self.available_at > now || self.held
     }
 }
 
@@ -52,7 +47,7 @@ pub(crate) fn pick(window: &[Pending], now: i64, limit: usize) -> Vec<&Pending> 
             continue;
         };
         let state = keys.entry(key).or_default();
-        state.held |= row.held(now);
+        state.held |= row.held;
         if row.blocked(now) && state.first_blocked.is_none() {
             state.first_blocked = Some(row.seq);
         }
@@ -123,7 +118,7 @@ mod tests {
             seq,
             key: key.map(|k| k.as_bytes().to_vec()),
             available_at: 0,
-            lease_until: 0,
+            held: false,
         }
     }
 
@@ -142,7 +137,7 @@ mod tests {
     #[test]
     fn a_held_key_is_not_claimed_at_all() {
         let mut held = row(2, Some("a"));
-        held.lease_until = NOW + 1;
+        held.held = true;
         let window = [
             row(1, Some("a")),
             held,
@@ -150,14 +145,6 @@ mod tests {
             row(4, Some("b")),
         ];
         assert_eq!(seqs(&pick(&window, NOW, 10)), [4]);
-    }
-
-    #[test]
-    fn an_expired_lease_frees_the_row() {
-        let mut expired = row(1, Some("a"));
-        expired.lease_until = NOW;
-        let window = [expired, row(2, Some("a"))];
-        assert_eq!(seqs(&pick(&window, NOW, 10)), [1, 2]);
     }
 
     #[test]

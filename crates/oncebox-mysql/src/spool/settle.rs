@@ -17,8 +17,8 @@ use crate::sql::{
 const MAX_ERROR_CHARS: usize = 2000;
 
 impl SpoolTable {
-    /// Applies every settlement in one transaction, each row filtered by `token`; with
-    /// `delete_done`, done rows are deleted instead of marked.
+    /// Applies every settlement in one transaction, to the rows claim `token` still
+    /// holds; with `delete_done`, done rows are deleted instead of marked.
     pub(crate) async fn settle(
         &self,
         token: LeaseToken,
@@ -34,9 +34,12 @@ impl SpoolTable {
         tx.commit().await.map_err(store_error)
     }
 
-    /// The settle statements, in `conn`'s transaction: one for the rows published
-    /// (marked done, or deleted with `delete_done`), one for the rows released, one for
-    /// the rows that failed (retried or dead); statements with no rows are skipped.
+    /// The settle statements, in `conn`'s transaction: the claim's row is locked first,
+    /// and only the rows it still holds are settled (none if the claim is gone: its
+    /// lease ended and another claim took its place). Then one statement for the rows
+    /// published (marked done, or deleted with `delete_done`) and one for the rows that
+    /// failed (retried or dead), skipped when they have no rows; released rows only
+    /// leave the claim. Last, the claim keeps the rows not settled, or is deleted.
     pub(super) async fn settle_in(
         &self,
         conn: &mut MySqlConnection,
@@ -45,10 +48,16 @@ impl SpoolTable {
         delete_done: bool,
     ) -> Result<()> {
         let token = uuid_bytes(token.as_uuid());
+        let Some(mut held) = self.held(conn, &token).await? else {
+            tracing::debug!(table = self.sql.table, "claim gone: settlements ignored");
+            return Ok(());
+        };
         let mut done = Vec::new();
-        let mut released = Vec::new();
         let mut failed = Vec::new();
         for settlement in settlements {
+            if !held.remove(&settlement.seq) {
+                continue;
+            }
             match &settlement.outcome {
                 Settle::Done => done.push(settlement.seq),
                 Settle::Retry { at, error } => failed.push(serde_json::json!([
@@ -63,9 +72,9 @@ impl SpoolTable {
                     0,
                     cap_error(reason)
                 ])),
-                // `Release`, and any outcome added to the core later: end the lease and
-                // count nothing, the one settlement that can never lose a row.
-                _ => released.push(settlement.seq),
+                // `Release`, and any outcome added to the core later: the row leaves the
+                // claim unchanged, the one settlement that can never lose a row.
+                _ => {}
             }
         }
         let done_sql = if delete_done {
@@ -73,25 +82,23 @@ impl SpoolTable {
         } else {
             &self.sql.done
         };
-        for (template, seqs) in [(done_sql, &done), (&self.sql.release, &released)] {
-            for chunk in seqs.chunks(MAX_LIST) {
-                let statement = query_owned(with_list(template, chunk.len()));
-                self.scoped(bind_list(statement, chunk))
-                    .bind(token.clone())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(store_error)?;
-            }
-        }
-        if !failed.is_empty() {
-            let list = serde_json::Value::from(failed).to_string();
-            self.scoped(query(&self.sql.fail).bind(list))
-                .bind(token)
+        for chunk in done.chunks(MAX_LIST) {
+            let statement = query_owned(with_list(done_sql, chunk.len()));
+            self.scoped(bind_list(statement, chunk))
                 .execute(&mut *conn)
                 .await
                 .map_err(store_error)?;
         }
-        Ok(())
+        if !failed.is_empty() {
+            let list = serde_json::Value::from(failed).to_string();
+            self.scoped(query(&self.sql.fail).bind(list))
+                .execute(&mut *conn)
+                .await
+                .map_err(store_error)?;
+        }
+        let mut remaining: Vec<i64> = held.into_iter().collect();
+        remaining.sort_unstable();
+        self.keep_claim(conn, &token, &remaining).await
     }
 
     /// Deletes at most `limit` done rows settled before `before`, oldest first.

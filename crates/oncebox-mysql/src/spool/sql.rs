@@ -17,9 +17,6 @@ pub(crate) struct Layout {
     pub(crate) item: &'static str,
 }
 
-/// The lease token of a row no claim holds.
-pub(crate) const NO_TOKEN: &str = "X'00000000000000000000000000000000'";
-
 /// Row statuses.
 pub(crate) const PENDING: i8 = 0;
 pub(crate) const DONE: i8 = 1;
@@ -30,36 +27,48 @@ pub(crate) const OP_RETRY: i8 = 3;
 pub(crate) const OP_DEAD: i8 = 4;
 
 /// The statements of one spool table. `{list}` marks a list of row numbers, filled in
-/// per call by [`with_list`](crate::sql::with_list).
+/// per call by [`with_list`](crate::sql::with_list). `?` spool is the table's name in
+/// `oncebox_claim_locks` and `oncebox_claims`.
 #[derive(Debug)]
 pub(crate) struct SpoolSql {
     pub(crate) table: &'static str,
     pub(crate) scoped: bool,
-    /// `?` lock name: locks the table's claim lock to the end of the transaction.
+    /// `?` spool: locks the table's claim lock to the end of the transaction.
     pub(crate) lock: String,
-    /// `[scope]`, `?` window → `seq`, `k`, `available_at`, `lease_until`, `now_ms`: the
-    /// first pending rows in commit order.
+    /// `?` spool → `token`, `lease_until`, `seqs`, `now_ms`: the table's claims.
+    pub(crate) claims: String,
+    /// `?` spool, `?` token: deletes the claim if its lease has ended.
+    pub(crate) drop_ended: String,
+    /// `[scope]`, `?` window → `seq`, `k`, `available_at`, `now_ms`: the first pending
+    /// rows in commit order.
     pub(crate) window: String,
-    /// `{list}` seqs, `[scope]`, `?` now, `?` now → `seq`, `attempts` and the item of
-    /// each of those rows still pending and free, locked `FOR UPDATE SKIP LOCKED`.
+    /// `{list}` seqs, `[scope]`, `?` now → `seq`, `attempts` and the item of each of those
+    /// rows still pending and due, locked `FOR UPDATE SKIP LOCKED`.
     pub(crate) lock_rows: String,
-    /// `?` token, `?` lease until, `{list}` seqs.
-    pub(crate) lease: String,
-    /// `[scope]`, `?` key → the first pending row (`k`, `seq`, `available_at`,
-    /// `lease_until`) of the first key at or after it.
+    /// `?` spool, `?` token, `?` lease until, `?` seqs (JSON): records a claim, or adds
+    /// rows to it.
+    pub(crate) record_claim: String,
+    /// `[scope]`, `?` key → the first pending row (`k`, `seq`, `available_at`) of the
+    /// first key at or after it.
     pub(crate) next_head: String,
     /// `[scope]`, `?` key, `?` from seq, `?` limit → the key's pending rows from `seq`.
     pub(crate) key_rows: String,
-    /// `[scope]`, `?` now, `?` now, `?` limit → free pending rows without a key.
+    /// `[scope]`, `?` now, `?` limit → due pending rows without a key.
     pub(crate) unkeyed: String,
-    /// `{list}` seqs, `[scope]`, `?` token: marks rows published.
+    /// `?` spool, `?` token → `seqs`, the claim's row locked: what a settlement may touch.
+    pub(crate) held: String,
+    /// `?` spool, `?` token → `seqs`, the claim's row locked in share mode.
+    pub(crate) holds: String,
+    /// `?` seqs (JSON), `?` spool, `?` token: what the claim holds after a settlement.
+    pub(crate) shrink_claim: String,
+    /// `?` spool, `?` token: a claim left with no rows.
+    pub(crate) drop_claim: String,
+    /// `{list}` seqs, `[scope]`: marks rows published.
     pub(crate) done: String,
-    /// `{list}` seqs, `[scope]`, `?` token: deletes rows published.
+    /// `{list}` seqs, `[scope]`: deletes rows published.
     pub(crate) delete_done: String,
-    /// `{list}` seqs, `[scope]`, `?` token: ends the lease, counts nothing.
-    pub(crate) release: String,
     /// `?` failures (`[[seq, op, delay_ms, error], ...]`, ops retry and dead),
-    /// `[scope]`, `?` token.
+    /// `[scope]`.
     pub(crate) fail: String,
     /// `[scope]`, `?` age ms, `?` limit.
     pub(crate) purge: String,
@@ -70,15 +79,23 @@ impl SpoolSql {
         let table = layout.table;
         let scope_t = scope(layout, "t.");
         let scope = scope(layout, "");
-        let owned = format!("{scope}lease_token = ? AND status = {PENDING}");
+        let pending = format!("{scope}status = {PENDING}");
         Self {
             table,
             scoped: layout.scope.is_some(),
             lock: "INSERT INTO oncebox_claim_locks (name) VALUES (?) \
                    ON DUPLICATE KEY UPDATE name = name"
                 .to_owned(),
+            claims: format!(
+                "SELECT token, lease_until, seqs, {NOW_MS} AS now_ms
+FROM oncebox_claims WHERE spool = ?"
+            ),
+            drop_ended: format!(
+                "DELETE FROM oncebox_claims
+WHERE spool = ? AND token = ? AND lease_until <= {NOW_MS}"
+            ),
             window: format!(
-                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until, {NOW_MS} AS now_ms
+                "SELECT t.seq, t.`key` AS k, t.available_at, {NOW_MS} AS now_ms
 FROM {table} AS t
 WHERE {scope_t}t.status = {PENDING}
 ORDER BY t.seq
@@ -87,46 +104,49 @@ LIMIT ?"
             lock_rows: format!(
                 "SELECT t.seq, t.attempts, {item}
 FROM {table} AS t
-WHERE t.seq IN ({LIST}) AND {scope_t}t.status = {PENDING}
-  AND t.available_at <= ? AND t.lease_until <= ?
+WHERE t.seq IN ({LIST}) AND {scope_t}t.status = {PENDING} AND t.available_at <= ?
 FOR UPDATE SKIP LOCKED",
                 item = layout.item,
             ),
-            lease: format!(
-                "UPDATE {table} SET lease_token = ?, lease_until = ? WHERE seq IN ({LIST})"
-            ),
+            record_claim: "INSERT INTO oncebox_claims (spool, token, lease_until, seqs)
+VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE
+  lease_until = VALUES(lease_until), seqs = JSON_MERGE_PRESERVE(seqs, VALUES(seqs))"
+                .to_owned(),
             next_head: format!(
-                "SELECT t.`key` AS k, t.seq, t.available_at, t.lease_until
+                "SELECT t.`key` AS k, t.seq, t.available_at
 FROM {table} AS t
 WHERE {scope_t}t.status = {PENDING} AND t.`key` >= ?
 ORDER BY t.`key`, t.seq
 LIMIT 1"
             ),
             key_rows: format!(
-                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until
+                "SELECT t.seq, t.`key` AS k, t.available_at
 FROM {table} AS t
 WHERE {scope_t}t.status = {PENDING} AND t.`key` = ? AND t.seq >= ?
 ORDER BY t.seq
 LIMIT ?"
             ),
             unkeyed: format!(
-                "SELECT t.seq, t.`key` AS k, t.available_at, t.lease_until
+                "SELECT t.seq, t.`key` AS k, t.available_at
 FROM {table} AS t
-WHERE {scope_t}t.status = {PENDING} AND t.`key` IS NULL
-  AND t.available_at <= ? AND t.lease_until <= ?
+WHERE {scope_t}t.status = {PENDING} AND t.`key` IS NULL AND t.available_at <= ?
 ORDER BY t.seq
 LIMIT ?"
             ),
+            held: "SELECT seqs FROM oncebox_claims WHERE spool = ? AND token = ? FOR UPDATE"
+                .to_owned(),
+            holds: "SELECT seqs FROM oncebox_claims WHERE spool = ? AND token = ? \
+                    LOCK IN SHARE MODE"
+                .to_owned(),
+            shrink_claim: "UPDATE oncebox_claims SET seqs = ? WHERE spool = ? AND token = ?"
+                .to_owned(),
+            drop_claim: "DELETE FROM oncebox_claims WHERE spool = ? AND token = ?".to_owned(),
             done: format!(
-                "UPDATE {table}
-SET status = {DONE}, done_at = {NOW_MS}, lease_token = {NO_TOKEN}, lease_until = 0
-WHERE seq IN ({LIST}) AND {owned}"
+                "UPDATE {table} SET status = {DONE}, done_at = {NOW_MS}
+WHERE seq IN ({LIST}) AND {pending}"
             ),
-            delete_done: format!("DELETE FROM {table} WHERE seq IN ({LIST}) AND {owned}"),
-            release: format!(
-                "UPDATE {table} SET lease_token = {NO_TOKEN}, lease_until = 0
-WHERE seq IN ({LIST}) AND {owned}"
-            ),
+            delete_done: format!("DELETE FROM {table} WHERE seq IN ({LIST}) AND {pending}"),
             fail: fail(layout),
             purge: format!(
                 "DELETE FROM {table}
@@ -146,8 +166,8 @@ fn scope(layout: &Layout, alias: &str) -> String {
     }
 }
 
-/// The failed rows of a claim (retried or dead) in one statement, each row filtered by
-/// the claim's token, each with its own delay and error: a `JSON_TABLE` of the
+/// The failed rows of a claim (retried or dead) in one statement, each with its own
+/// delay and error: a `JSON_TABLE` of the
 /// failures joined to the table.
 ///
 /// The join order and the index are forced: on a small table the optimizer would rather
@@ -165,10 +185,8 @@ SET t.status = IF(s.op = {OP_DEAD}, {DEAD}, {PENDING}),
     t.attempts = t.attempts + 1,
     t.available_at = IF(s.op = {OP_RETRY}, {NOW_MS} + s.delay_ms, t.available_at),
     t.last_error = s.error,
-    t.dead_at = IF(s.op = {OP_DEAD}, {NOW_MS}, t.dead_at),
-    t.lease_token = {NO_TOKEN},
-    t.lease_until = 0
-WHERE {scope_t}t.lease_token = ? AND t.status = {PENDING}",
+    t.dead_at = IF(s.op = {OP_DEAD}, {NOW_MS}, t.dead_at)
+WHERE {scope_t}t.status = {PENDING}",
         table = layout.table,
         scope_t = scope(layout, "t."),
     )
