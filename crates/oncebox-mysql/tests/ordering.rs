@@ -9,16 +9,7 @@ use oncebox_core::Message;
 use oncebox_core::spool::{Settle, Settlement, SpoolStore};
 use oncebox_mysql::RowStatus;
 
-use common::{LONG, TestDb, claim, enqueue, label, labels, msg};
-
-fn done(rows: &[oncebox_core::spool::Claimed<Message>]) -> Vec<Settlement> {
-    rows.iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: Settle::Done,
-        })
-        .collect()
-}
+use common::{LONG, TestDb, claim, done, enqueue, label, labels, msg};
 
 /// Two transactions enqueueing the same key: the second waits for the first to commit,
 /// so `seq` order is commit order; a transaction on another key does not wait.

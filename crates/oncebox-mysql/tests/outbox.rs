@@ -10,16 +10,7 @@ use oncebox_core::{Error, Limits, Message};
 use oncebox_mysql::{MySqlStore, RowStatus, ValueTooLong};
 use sqlx::mysql::MySqlPoolOptions;
 
-use common::{LONG, TestDb, claim, enqueue, labels, msg};
-
-fn done(rows: &[oncebox_core::spool::Claimed<Message>]) -> Vec<Settlement> {
-    rows.iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: Settle::Done,
-        })
-        .collect()
-}
+use common::{LONG, TestDb, claim, done, enqueue, labels, msg, settle_all};
 
 /// `wake` wakes a relay of the same process.
 #[tokio::test(flavor = "multi_thread")]
@@ -248,16 +239,22 @@ async fn migrations_have_their_own_table() {
     assert_eq!(slots, 65_536, "every key lock slot exists, once");
 }
 
-/// The shipped raw SQL builds working tables in an empty database, and running it twice
-/// is harmless.
-#[tokio::test(flavor = "multi_thread")]
-async fn raw_sql_builds_working_tables() {
-    let name = common::create_database("oncebox_raw").await;
+/// A new database without tables, and a small pool on it.
+async fn empty_database(prefix: &str) -> (String, sqlx::MySqlPool) {
+    let name = common::create_database(prefix).await;
     let pool = MySqlPoolOptions::new()
         .max_connections(2)
         .connect_with(common::options().database(&name))
         .await
-        .unwrap();
+        .expect("connect to the new database");
+    (name, pool)
+}
+
+/// The shipped raw SQL builds working tables in an empty database, and running it twice
+/// is harmless.
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_sql_builds_working_tables() {
+    let (name, pool) = empty_database("oncebox_raw").await;
     for _ in 0..2 {
         for schema in [oncebox_mysql::SCHEMA_V1, oncebox_mysql::SCHEMA_V2] {
             sqlx::raw_sql(schema)
@@ -280,12 +277,7 @@ async fn raw_sql_builds_working_tables() {
 /// kept and then published.
 #[tokio::test(flavor = "multi_thread")]
 async fn version_1_databases_upgrade_and_keep_their_rows() {
-    let name = common::create_database("oncebox_v1").await;
-    let pool = MySqlPoolOptions::new()
-        .max_connections(2)
-        .connect_with(common::options().database(&name))
-        .await
-        .unwrap();
+    let (name, pool) = empty_database("oncebox_v1").await;
     // What version 1's migrator did, so that the migrator goes on from there.
     let mut version_1 = oncebox_mysql::migrator();
     version_1.migrations.to_mut().truncate(1);
@@ -315,14 +307,10 @@ async fn version_1_databases_upgrade_and_keep_their_rows() {
     assert_eq!(outbox.stats().await.unwrap().pending, 3);
     let (token, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["a", "b", "c"], "the old lease is gone");
-    let done: Vec<Settlement> = rows
-        .iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: Settle::Done,
-        })
-        .collect();
-    outbox.settle(token, &done).await.unwrap();
+    outbox
+        .settle(token, &settle_all(&rows, &Settle::Done))
+        .await
+        .unwrap();
     assert_eq!(outbox.stats().await.unwrap().done, 3);
     pool.close().await;
     common::drop_database(name);

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::stream::{Config, StorageType};
 use async_nats::jetstream::{self, ErrorCode};
-use oncebox_core::{Error, Result};
+use oncebox_core::{Backoff, Error, Result};
 
 use crate::JetStreamTransport;
 use crate::error::{client, refused};
@@ -171,7 +171,7 @@ impl JetStreamTransport {
     ///
     /// A server that fails to create a stream's storage answers only with the sentence
     /// "error creating store for stream" (the cause goes to its own log). That creation
-    /// is tried four times in all, 100, 200 and 300 ms apart, before the error is
+    /// is tried four times in all, 100, 200 and 400 ms apart, before the error is
     /// returned.
     ///
     /// # Cancel safety
@@ -238,7 +238,7 @@ async fn ensure(shared: &Shared, settings: &StreamSettings, subjects: Vec<String
                         stream = %settings.name, attempt = store_failures, %error,
                         "JetStream failed to create the stream's storage; trying again"
                     );
-                    tokio::time::sleep(STORE_RETRY_PAUSE * store_failures).await;
+                    tokio::time::sleep(STORE_RETRY.delay(store_failures)).await;
                 }
                 Err(Created::Failed(error)) => return Err(error),
             },
@@ -250,8 +250,12 @@ async fn ensure(shared: &Shared, settings: &StreamSettings, subjects: Vec<String
 /// storage the server failed to create.
 const STORE_ATTEMPTS: u32 = 4;
 
-/// The pause after the first such failure; the n-th is followed by n times as long.
-const STORE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// The pauses between those attempts: 100, 200 and 400 ms, without jitter (one client
+/// waits on one server; there is no crowd to spread).
+const STORE_RETRY: Backoff = Backoff::new()
+    .initial(Duration::from_millis(100))
+    .max(Duration::from_secs(1))
+    .jitter(0.0);
 
 /// The configuration of stream `name`, or `None` if there is no such stream.
 async fn existing(shared: &Shared, name: &str) -> Result<Option<Config>> {

@@ -6,19 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use oncebox_core::Message;
-use oncebox_core::spool::{Claimed, Settle, Settlement, SpoolStore};
-
-use common::{LONG, TestDb, claim, enqueue, labels, msg};
-
-fn done(rows: &[Claimed<Message>]) -> Vec<Settlement> {
-    rows.iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: Settle::Done,
-        })
-        .collect()
-}
+use common::{LONG, TestDb, claim, done, enqueue, labels, msg};
+use oncebox_core::spool::SpoolStore;
 
 /// A relay that goes away (its outbox handle dropped, as when its task is aborted) frees
 /// its held rows at once, not after its lease.

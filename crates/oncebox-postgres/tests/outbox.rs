@@ -11,16 +11,7 @@ use oncebox_core::{Error, Limits, Message};
 use oncebox_postgres::{PgStore, RowStatus};
 use sqlx::postgres::PgPoolOptions;
 
-use common::{LONG, TestDb, claim, enqueue, labels, msg};
-
-fn done(rows: &[oncebox_core::spool::Claimed<Message>]) -> Vec<Settlement> {
-    rows.iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: Settle::Done,
-        })
-        .collect()
-}
+use common::{LONG, TestDb, claim, done, enqueue, labels, msg};
 
 /// With NOTIFY, a relay polling every 30 s publishes a message within moments of its
 /// commit.

@@ -6,23 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::{LONG, SHORT, claim, db, enqueue, label, labels, msg};
+use common::{LONG, SHORT, claim, db, enqueue, label, labels, msg, settle_all};
 use oncebox_core::memory::MemoryBroker;
 use oncebox_core::spool::{Settle, Settlement, Spool, SpoolOptions, SpoolStore};
 use oncebox_core::{Error, InvalidMessage, Limits, MessageId};
 use oncebox_sqlite::{RowDecodeError, RowStatus};
-
-fn settle_all(
-    rows: &[oncebox_core::spool::Claimed<oncebox_core::Message>],
-    outcome: Settle,
-) -> Vec<Settlement> {
-    rows.iter()
-        .map(|r| Settlement {
-            seq: r.seq,
-            outcome: outcome.clone(),
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn rolled_back_enqueue_leaves_nothing_claimable() {
@@ -142,7 +130,7 @@ async fn claims_in_commit_order_with_a_prefix_per_key() {
 
     // Releasing a1 and b1 makes a and b claimable again, each as a prefix.
     outbox
-        .settle(first, &settle_all(&rows, Settle::Release))
+        .settle(first, &settle_all(&rows, &Settle::Release))
         .await
         .unwrap();
     let (_, rows3) = claim(&outbox, 100, LONG).await;
@@ -152,7 +140,7 @@ async fn claims_in_commit_order_with_a_prefix_per_key() {
     // Nothing left.
     assert!(claim(&outbox, 100, LONG).await.1.is_empty());
     outbox
-        .settle(second, &settle_all(&rows2, Settle::Done))
+        .settle(second, &settle_all(&rows2, &Settle::Done))
         .await
         .unwrap();
     assert_eq!(outbox.stats().await.unwrap().done, 3);
@@ -233,7 +221,7 @@ async fn concurrent_claimers_never_share_a_row_or_a_key_and_keep_key_order() {
                     }
                 }
                 outbox
-                    .settle(token, &settle_all(&rows, Settle::Done))
+                    .settle(token, &settle_all(&rows, &Settle::Done))
                     .await
                     .unwrap();
             }
@@ -291,7 +279,7 @@ async fn an_expired_lease_is_claimable_again_and_fences_the_old_token() {
         Settle::Release,
     ] {
         outbox
-            .settle(old, &settle_all(&rows, outcome))
+            .settle(old, &settle_all(&rows, &outcome))
             .await
             .unwrap();
     }
@@ -311,7 +299,7 @@ async fn an_expired_lease_is_claimable_again_and_fences_the_old_token() {
     );
 
     outbox
-        .settle(new, &settle_all(&again, Settle::Done))
+        .settle(new, &settle_all(&again, &Settle::Done))
         .await
         .unwrap();
     let state = outbox.status(message.id).await.unwrap().unwrap();
@@ -399,7 +387,7 @@ async fn dead_stores_the_reason_unblocks_the_key_and_can_be_replayed() {
     let (token, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["a2"], "a dead row does not block its key");
     outbox
-        .settle(token, &settle_all(&rows, Settle::Done))
+        .settle(token, &settle_all(&rows, &Settle::Done))
         .await
         .unwrap();
 
@@ -433,7 +421,7 @@ async fn purge_is_bounded_and_deletes_only_old_done_rows() {
     let messages: Vec<_> = (0..10).map(|i| msg(None, &format!("m{i}"))).collect();
     enqueue(&db.store, &messages).await;
     let (token, rows) = claim(&outbox, 8, LONG).await;
-    let mut settlements = settle_all(&rows[..7], Settle::Done);
+    let mut settlements = settle_all(&rows[..7], &Settle::Done);
     settlements.push(Settlement {
         seq: rows[7].seq,
         outcome: Settle::Dead { reason: "x".into() },
@@ -629,7 +617,7 @@ async fn version_1_databases_upgrade_and_keep_their_rows() {
     let (token, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["a", "b", "c"], "the old lease is gone");
     outbox
-        .settle(token, &settle_all(&rows, Settle::Done))
+        .settle(token, &settle_all(&rows, &Settle::Done))
         .await
         .unwrap();
     assert_eq!(outbox.stats().await.unwrap().done, 3);

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use oncebox_core::Message;
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, SpoolStore};
+use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolStore};
 
 /// A message on topic `orders`, kind `OrderPlaced`, whose payload is `label`.
 pub fn msg(key: Option<&str>, label: &str) -> Message {
@@ -22,6 +22,21 @@ pub fn label(message: &Message) -> String {
 /// The labels of claimed rows, in their order.
 pub fn labels(rows: &[Claimed<Message>]) -> Vec<String> {
     rows.iter().map(|row| label(&row.item)).collect()
+}
+
+/// The same settlement for every claimed row.
+pub fn settle_all<T>(rows: &[Claimed<T>], outcome: &Settle) -> Vec<Settlement> {
+    rows.iter()
+        .map(|row| Settlement {
+            seq: row.seq,
+            outcome: outcome.clone(),
+        })
+        .collect()
+}
+
+/// [`Settle::Done`] for every claimed row.
+pub fn done<T>(rows: &[Claimed<T>]) -> Vec<Settlement> {
+    settle_all(rows, &Settle::Done)
 }
 
 /// Claims at most `limit` rows with a new token and a lease of `lease`; panics if the

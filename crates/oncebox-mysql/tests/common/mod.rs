@@ -18,7 +18,7 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 #[allow(unused_imports)] // each test binary uses some of them
-pub use oncebox_testkit::fixtures::{claim, label, labels, msg};
+pub use oncebox_testkit::fixtures::{claim, done, label, labels, msg, settle_all};
 
 pub const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
 pub const PARALLEL_TESTS: usize = 4;

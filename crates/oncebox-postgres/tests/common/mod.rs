@@ -18,7 +18,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 #[allow(unused_imports)] // each test binary uses some of them
-pub use oncebox_testkit::fixtures::{claim, label, labels, msg};
+pub use oncebox_testkit::fixtures::{claim, done, label, labels, msg};
 
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const PARALLEL_TESTS: usize = 4;

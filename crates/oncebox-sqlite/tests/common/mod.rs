@@ -9,7 +9,7 @@ use oncebox_sqlite::SqliteStore;
 use tempfile::TempDir;
 
 #[allow(unused_imports)] // each test binary uses some of them
-pub use oncebox_testkit::fixtures::{claim, label, labels, msg};
+pub use oncebox_testkit::fixtures::{claim, label, labels, msg, settle_all};
 
 pub const LONG: Duration = Duration::from_secs(60);
 pub const SHORT: Duration = Duration::from_millis(200);
