@@ -148,8 +148,8 @@ impl SpoolTable {
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
         let mut tx = begin_read_committed(&self.pool).await?;
-        // Before the claim lock, which other relays wait for: settling needs no lock of
-        // its own (it touches only rows leased to `token`).
+        // Before the claim lock, which other relays wait for: settling locks only the
+        // row of claim `token`, and touches only the rows that claim holds.
         self.settle_in(&mut tx, token, settlements, delete_done)
             .await?;
         let rows = if request.limit == 0 {

@@ -1,5 +1,5 @@
 //! The claim rule, decided in Rust over rows the claim read: which rows to lock, and
-//! which of the locked rows to lease.
+//! which of the locked rows the claim takes.
 //!
 //! A row is claimable if it is due, not under a live lease, and every earlier pending row
 //! of its key is claimable in the same claim; a key with a live lease on any of its rows
@@ -75,10 +75,10 @@ pub(crate) fn free_run(rows: &[Pending], now: i64) -> Vec<&Pending> {
     rows.iter().take_while(|row| !row.blocked(now)).collect()
 }
 
-/// Of the `picked` rows (each key's picked rows being its first pending rows), those to
-/// lease once `locked` holds the ones the claim could lock: a key keeps only its rows
+/// Of the `picked` rows (each key's picked rows being its first pending rows), those the
+/// claim takes once `locked` holds the ones it could lock: a key keeps only its rows
 /// before its first picked row that could not be locked (held by a transaction in
-/// flight, or changed since it was read), so its leased rows stay a prefix.
+/// flight, or changed since it was read), so its claimed rows stay a prefix.
 pub(crate) fn leasable(picked: &[&Pending], locked: &HashSet<i64>) -> Vec<i64> {
     let mut cut: HashSet<&[u8]> = HashSet::new();
     let mut keep = Vec::with_capacity(picked.len());
