@@ -123,15 +123,14 @@
 //! table's row in `oncebox_claim_locks` (`INSERT ... ON DUPLICATE KEY UPDATE`), held to
 //! its commit: the claims of a table run one at a time and each sees every earlier
 //! claim's leases. Claims are short, so relays queue on the lock briefly and only to
-//! claim; publishing and settling run without it. Rows are then locked `FOR UPDATE SKIP
-//! LOCKED` (MariaDB 10.6+, MySQL 8.0.1+), with the claim's conditions checked again on
-//! the latest committed row, so a claim never waits on rows being settled; after
-//! locking, a key keeps only its rows before its first row that could not be locked or
-//! no longer qualifies, so each key's claimed rows stay a prefix even against changes
-//! the lock does not serialise, such as a settle in flight. (That second layer alone
-//! already keeps keys apart, the tests show; the lock saves concurrent claims from
-//! picking the same rows and cutting each other's batches, and serialises replays with
-//! claims.)
+//! claim; publishing and settling run without it. Under the lock, a pending row that no
+//! live claim holds changes only by a claim, or by a replay (which takes the lock too):
+//! settlements and the durable inbox's completions touch only rows their claim holds.
+//! So step 1 (below) takes the rows it picks as its one read found them. Step 2, whose
+//! candidates come from several reads, locks them `FOR UPDATE SKIP LOCKED` (MariaDB
+//! 10.6+, MySQL 8.0.1+) with the claim's conditions checked again, and a key keeps only
+//! its rows before its first row that could not be locked or no longer qualifies: a
+//! second layer that keeps each key's claimed rows a prefix.
 //!
 //! **The claim rule** is the other backends': a row is claimable if it is due, not
 //! under a live lease, and every earlier pending row of its key is claimable in the same
@@ -155,12 +154,17 @@
 //! primary-key range) and deletes those whose lease has ended; then:
 //!
 //! 1. **Step 1** reads a *window* of the first pending rows in commit order from the
-//!    `(status, seq)` index, with the database's clock: a quarter more rows than the
-//!    last claim needed, between 1.25 and 4 per row asked for (at least 128 and 1024).
-//!    The rule is decided in Rust on those rows (every earlier pending row of a key in
-//!    the window; the rows live claims hold are known from their `seqs`). The picked
-//!    rows are locked and read in full (`WHERE seq IN (...) ... FOR UPDATE SKIP
-//!    LOCKED`) and cut to per-key prefixes. A window
+//!    `(status, seq)` index, in full, with the database's clock: a quarter more rows
+//!    than the last claim needed, between 1.25 and 4 per row asked for (at least 128
+//!    and 1024). The index holds neither the key nor the due time, so each row costs a
+//!    primary-key lookup anyway, and reading the row there spares the claim a second
+//!    read of what it picks. The rule is decided in Rust on those rows (every earlier
+//!    pending row of a key in the window; the rows live claims hold are known from
+//!    their `seqs`), and the rows picked are the claim's. The window passes over the
+//!    rows of the process's own live claims (`seq NOT IN (...)`, decided on the index
+//!    entry, before the lookup): it remembers their keys, which is all that reading
+//!    them would tell the rule. A relay that claims its next batch while publishing
+//!    one (pipelining) would otherwise read every row of that batch again. A window
 //!    that was full and yielded too few rows (other relays hold more of the head than
 //!    it covered) is read again at the upper bound, in the same claim.
 //! 2. Only when even that window held fewer free rows than asked for, **step 2**
@@ -169,7 +173,8 @@
 //!    first row as rows are wanted (probing at most 128 keys, or twice as many as rows
 //!    are wanted if that is more), and
 //!    takes a fair share of each one's free rows, plus free rows without a key; then
-//!    locks and cuts them as step 1 does.
+//!    locks and reads them in full (`WHERE seq IN (...) ... FOR UPDATE SKIP LOCKED`),
+//!    and cuts them to per-key prefixes.
 //! 3. The rows taken are recorded as the claim's row in `oncebox_claims`, with the
 //!    lease's end on the database's clock. Step 2 is what keeps claims finding
 //!    work when a few keys hold a large backlog that other relays hold, or that waits for

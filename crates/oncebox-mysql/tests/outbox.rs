@@ -416,25 +416,31 @@ async fn claim_plans_use_the_indexes() {
     let plans = db.store.outbox().explain_claim(256).await.unwrap();
     println!("{plans}");
     let steps: Vec<&str> = plans.split("-- ").filter(|s| !s.is_empty()).collect();
-    assert_eq!(steps.len(), 3, "{plans}");
+    assert_eq!(steps.len(), 4, "{plans}");
+    for step in &steps[..2] {
+        assert!(
+            step.starts_with("window") && step.contains("oncebox_outbox_pending"),
+            "the window reads the head of the pending index: {plans}"
+        );
+    }
     assert!(
-        steps[0].starts_with("window") && steps[0].contains("oncebox_outbox_pending"),
-        "{plans}"
+        steps[1].starts_with("window, skipping") && steps[1].contains("Using index condition"),
+        "the rows passed over are left out by an index condition: {plans}"
     );
     // id, select_type, table, type, possible_keys, key, ...
     let plan = |step: &str| -> Vec<String> {
         let row = step.lines().nth(2).unwrap_or_else(|| panic!("{plans}"));
         row.split('\t').map(str::to_owned).collect()
     };
-    let lock = plan(steps[1]);
-    assert!(steps[1].starts_with("lock"), "{plans}");
+    let lock = plan(steps[2]);
+    assert!(steps[2].starts_with("lock"), "{plans}");
     assert_eq!(
         (lock[3].as_str(), lock[5].as_str()),
         ("range", "PRIMARY"),
         "the listed rows are found by primary key: {plans}"
     );
-    let claims = plan(steps[2]);
-    assert!(steps[2].starts_with("claims"), "{plans}");
+    let claims = plan(steps[3]);
+    assert!(steps[3].starts_with("claims"), "{plans}");
     assert_eq!(
         claims[5], "PRIMARY",
         "a table's claims are found by primary key: {plans}"

@@ -192,8 +192,9 @@ impl MySqlOutbox {
     }
 
     /// The plans of a claim's reads for `limit` rows on this table's data: the window
-    /// read, the locking read of the rows picked and the read of the live claims, under
-    /// `EXPLAIN` (nothing runs and nothing is locked). For operators asking why claims are slow.
+    /// read (plain, and passing over the rows of a claim), step 2's locking read of the
+    /// rows picked and the read of the live claims, under `EXPLAIN` (nothing runs and
+    /// nothing is locked). For operators asking why claims are slow.
     ///
     /// # Errors
     ///
@@ -223,10 +224,11 @@ impl SpoolStore for MySqlOutbox {
     /// One short `READ COMMITTED` transaction: the table's claim lock (a row of
     /// `oncebox_claim_locks`, which serialises the claims of all relays on the table);
     /// the table's live claims; step 1, a read of the first pending rows in commit
-    /// order, the claim rule decided on them and a locking read `FOR UPDATE SKIP LOCKED`
-    /// of the rows picked; only if that window held fewer free rows than asked for while
-    /// more rows are pending, step 2, which finds free keys one index probe per key; and
-    /// the claim's row in `oncebox_claims`.
+    /// order, in full, passing over the rows of this process's own live claims, and
+    /// the claim rule decided on them; only if that window held fewer free rows than
+    /// asked for while more rows are pending, step 2, which finds free keys one index
+    /// probe per key and locks the rows it picks `FOR UPDATE SKIP LOCKED`; and the
+    /// claim's row in `oncebox_claims`.
     ///
     /// The plans of its reads on MariaDB 10.11, on 200,000 pending rows over 2,000 keys,
     /// claiming 256 rows (from [`MySqlOutbox::explain_claim`], the `possible_keys` column
@@ -236,6 +238,8 @@ impl SpoolStore for MySqlOutbox {
     /// -- window
     /// id  select_type  table           type   key                     key_len  ref    rows   Extra
     /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL   99165  Using index condition
+    /// -- window, skipping
+    /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL   99165  Using index condition
     /// -- lock
     /// 1   SIMPLE       t               range  PRIMARY                 8        NULL   256    Using where
     /// -- claims
@@ -244,9 +248,11 @@ impl SpoolStore for MySqlOutbox {
     ///
     /// The window is the head of the `(status, seq)` index, read in order and stopped by
     /// the `LIMIT` (`rows` estimates the whole range of pending rows, not what is read);
-    /// the locking read finds the picked rows by primary key, and the claims are one
-    /// primary-key range. Nothing sorts, nothing scans the table. The test
-    /// `claim_plans_use_the_indexes` checks these plans.
+    /// the rows it passes over (`seq NOT IN (...)`) are left out by the index
+    /// condition, before their primary-key lookups. Step 2's locking read finds the
+    /// picked rows by primary key, and the claims are one primary-key range. Nothing
+    /// sorts, nothing scans the table. The test `claim_plans_use_the_indexes` checks
+    /// these plans.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Message>>> {
         self.seen.mark();
         self.table.claim(request).await

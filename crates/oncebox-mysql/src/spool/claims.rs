@@ -10,8 +10,14 @@
 //! the rows the claim still holds: a relay whose lease ended and whose claim another
 //! relay deleted changes nothing. The claimer's delete waits for a settlement in flight,
 //! so it never takes rows that settlement is about to change.
+//!
+//! A process also remembers the keys of the claims it made ([`OwnClaims`]). Those
+//! claims' rows need not be read again by the next claim's window: a pipelining relay
+//! claims its next batch while the last one is still held, and would otherwise read
+//! every held row only to learn its key.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use oncebox_core::spool::LeaseToken;
 use oncebox_core::{Error, Result};
@@ -26,11 +32,28 @@ use crate::sql::{query, uuid_bytes};
 #[derive(Debug, Default)]
 pub(super) struct Held {
     seqs: HashSet<i64>,
+    /// The rows of this process's own claims, in `seq` order: the window passes over
+    /// them, as [`keys`](Self::holds_key) stands in for what reading them would tell.
+    skip: Vec<i64>,
+    /// The keys of those rows, a set per claim (a superset: a claim only loses rows
+    /// after it is made).
+    keys: Vec<Arc<HashSet<Vec<u8>>>>,
 }
 
 impl Held {
     pub(super) fn contains(&self, seq: i64) -> bool {
         self.seqs.contains(&seq)
+    }
+
+    /// Whether a row of `key` is held by one of this process's claims, whose rows the
+    /// window did not read.
+    pub(super) fn holds_key(&self, key: &[u8]) -> bool {
+        self.keys.iter().any(|keys| keys.contains(key))
+    }
+
+    /// The held rows the window need not read, in `seq` order.
+    pub(super) fn skip(&self) -> &[i64] {
+        &self.skip
     }
 
     pub(super) fn len(&self) -> usize {
@@ -40,6 +63,38 @@ impl Held {
     /// Counts `seqs` as held: rows this claim has taken.
     pub(super) fn add(&mut self, seqs: impl IntoIterator<Item = i64>) {
         self.seqs.extend(seqs);
+    }
+}
+
+/// The keys of the live claims this process made on one spool, by token; shared by the
+/// clones of a [`SpoolTable`].
+///
+/// Only the process that made a claim records rows in it, so the keys it remembers
+/// cover every row the claim holds. A claim that failed to commit, or that ended, is
+/// forgotten at the next claim, which no longer finds it among the live claims.
+#[derive(Debug, Default)]
+pub(super) struct OwnClaims(Mutex<KeysByToken>);
+
+/// The keys of claims' rows, by the claims' tokens.
+type KeysByToken = HashMap<Vec<u8>, Arc<HashSet<Vec<u8>>>>;
+
+impl OwnClaims {
+    /// Remembers the `keys` of the rows of the claim `token` (rows without a key add
+    /// none).
+    pub(super) fn remember(&self, token: Vec<u8>, keys: HashSet<Vec<u8>>) {
+        self.lock().insert(token, Arc::new(keys));
+    }
+
+    /// Forgets every claim but the `live` ones; returns the keys of those it remembers,
+    /// by token.
+    fn keep(&self, live: &HashSet<&[u8]>) -> KeysByToken {
+        let mut own = self.lock();
+        own.retain(|token, _| live.contains(token.as_slice()));
+        own.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeysByToken> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -53,12 +108,13 @@ impl SpoolTable {
             .await
             .map_err(store_error)?;
         let mut held = Held::default();
+        let mut live = Vec::with_capacity(rows.len());
         for row in &rows {
             let token: Vec<u8> = row.try_get("token").map_err(store_error)?;
             let until: i64 = row.try_get("lease_until").map_err(store_error)?;
             let now: i64 = row.try_get("now_ms").map_err(store_error)?;
             if until > now {
-                held.seqs.extend(claim_seqs(row)?);
+                live.push((token, claim_seqs(row)?));
             } else {
                 // Waits for a settlement of this claim in flight, which may still apply.
                 query(&self.sql.drop_ended)
@@ -69,6 +125,16 @@ impl SpoolTable {
                     .map_err(store_error)?;
             }
         }
+        let tokens: HashSet<&[u8]> = live.iter().map(|(token, _)| token.as_slice()).collect();
+        let own = self.own.keep(&tokens);
+        for (token, seqs) in &live {
+            if let Some(keys) = own.get(token) {
+                held.skip.extend(seqs);
+                held.keys.push(Arc::clone(keys));
+            }
+            held.seqs.extend(seqs);
+        }
+        held.skip.sort_unstable();
         Ok(held)
     }
 

@@ -1,4 +1,4 @@
-//! `EXPLAIN` of the claim's first step, for operators and the crate docs.
+//! `EXPLAIN` of the claim's reads, for operators and the crate docs.
 
 use oncebox_core::Result;
 use sqlx::Row;
@@ -9,16 +9,21 @@ use crate::error::store_error;
 use crate::sql::{MAX_LIST, bind_list, query_owned, sql_limit, with_list};
 
 impl SpoolTable {
-    /// The plans of a claim's reads for `limit` rows: the window, the locking read of
-    /// the rows picked, and the live claims (`EXPLAIN`; nothing runs, nothing is
-    /// locked).
+    /// The plans of a claim's reads for `limit` rows: the window, the window passing
+    /// over the rows of a claim of this process, step 2's locking read of the rows it
+    /// picks, and the live claims (`EXPLAIN`; nothing runs, nothing is locked).
     pub(crate) async fn explain_claim(&self, limit: usize) -> Result<String> {
         let mut conn = self.pool.acquire().await.map_err(store_error)?;
         let size = sql_limit(self.window(limit.max(1)));
         let explain = |sql: &str| query_owned(format!("EXPLAIN {sql}"));
         let window = self.scoped(explain(&self.sql.window)).bind(size);
-        // Step 1's worst case: `limit` rows picked from the window, all locked.
+        // The worst cases: a claim of `limit` rows passed over, and `limit` rows picked.
         let seqs: Vec<i64> = (1..=sql_limit(limit.clamp(1, MAX_LIST))).collect();
+        let skipping = bind_list(
+            self.scoped(explain(&with_list(&self.sql.window_skipping, seqs.len()))),
+            &seqs,
+        )
+        .bind(size);
         let lock = self
             .scoped(bind_list(
                 explain(&with_list(&self.sql.lock_rows, seqs.len())),
@@ -27,7 +32,13 @@ impl SpoolTable {
             .bind(0_i64);
         let claims = explain(&self.sql.claims).bind(self.spool());
         let mut plans = String::new();
-        for (step, statement) in [("window", window), ("lock", lock), ("claims", claims)] {
+        let steps = [
+            ("window", window),
+            ("window, skipping", skipping),
+            ("lock", lock),
+            ("claims", claims),
+        ];
+        for (step, statement) in steps {
             let rows = statement.fetch_all(&mut *conn).await.map_err(store_error)?;
             plans.push_str(&format!("-- {step}\n{}", format_plan(&rows)));
         }

@@ -22,7 +22,7 @@ use crate::sql::{
     MAX_LIST, MySqlQuery, begin_read_committed, bind_list, duration_ms, query, query_owned,
     sql_limit, uuid_bytes, with_list,
 };
-use claims::Held;
+use claims::{Held, OwnClaims};
 use rule::Pending;
 pub(crate) use sql::{Layout, SpoolSql};
 
@@ -61,6 +61,8 @@ pub(crate) struct SpoolTable {
     window_hint: Arc<AtomicUsize>,
     /// A fixed window, if set.
     window: Option<usize>,
+    /// The keys of this process's live claims; shared by clones.
+    own: Arc<OwnClaims>,
 }
 
 impl SpoolTable {
@@ -77,6 +79,7 @@ impl SpoolTable {
             cursor: Arc::default(),
             window_hint: Arc::default(),
             window: None,
+            own: Arc::default(),
         }
     }
 
@@ -178,16 +181,17 @@ impl SpoolTable {
         let (_, high) = window_bounds(request.limit);
         let mut size = self.window(request.limit);
         let mut claimed = Vec::new();
+        let mut keys = HashSet::new();
         let mut now = None;
         loop {
             let want = request.limit.saturating_sub(claimed.len());
-            let Some(step) = self.step_one(conn, size, want, &held).await? else {
+            let Some(step) = self.step_one(conn, size, want, &held, &mut keys).await? else {
                 break;
             };
             now = Some(step.now);
             // Taken: a second window or step 2 must pass over them like other claims' rows.
-            held.add(step.locked.iter().map(|(seq, _)| *seq));
-            claimed.extend(step.locked);
+            held.add(step.taken.iter().map(|(seq, _)| *seq));
+            claimed.extend(step.taken);
             let want = request.limit.saturating_sub(claimed.len());
             let short = want > 0 && step.full;
             if short && self.window.is_none() && size < high {
@@ -198,30 +202,47 @@ impl SpoolTable {
             }
             self.adapt_window(request.limit, step.used, short);
             if short {
-                claimed.extend(self.claim_keys(conn, want, step.now, &held).await?);
+                claimed.extend(
+                    self.claim_keys(conn, want, step.now, &held, &mut keys)
+                        .await?,
+                );
             }
             break;
         }
         if let (Some(now), false) = (now, claimed.is_empty()) {
             let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
             let until = now.saturating_add(duration_ms(request.lease).max(1));
-            self.record_claim(conn, uuid_bytes(request.token.as_uuid()), until, &seqs)
-                .await?;
+            let token = uuid_bytes(request.token.as_uuid());
+            self.record_claim(conn, token.clone(), until, &seqs).await?;
+            self.own.remember(token, keys);
         }
         Ok(claimed)
     }
 
     /// Step 1 over a window of `size` rows, for at most `want` rows; `None` if nothing
-    /// is pending.
+    /// is pending. Adds the keys of the rows it takes to `keys`.
+    ///
+    /// The window is one read, under the claim lock, of everything the rule needs and of
+    /// the rows themselves: the rows it picks are taken as read. Nothing else changes a
+    /// pending row that no live claim holds while the claim lock is held, so a second,
+    /// locking read of them would find what the first found.
     async fn step_one(
         &self,
         conn: &mut MySqlConnection,
         size: usize,
         want: usize,
         held: &Held,
+        keys: &mut HashSet<Vec<u8>>,
     ) -> Result<Option<StepOne>> {
-        let rows = self
-            .scoped(query(&self.sql.window))
+        // Any part of them will do: rows not passed over are read, and count as held.
+        let skip = &held.skip()[..held.skip().len().min(MAX_LIST)];
+        let read = if skip.is_empty() {
+            self.scoped(query(&self.sql.window))
+        } else {
+            let statement = with_list(&self.sql.window_skipping, skip.len());
+            bind_list(self.scoped(query_owned(statement)), skip)
+        };
+        let rows = read
             .bind(sql_limit(size))
             .fetch_all(&mut *conn)
             .await
@@ -234,27 +255,37 @@ impl SpoolTable {
             .iter()
             .map(|row| pending(row, held))
             .collect::<Result<Vec<_>>>()?;
-        let picked = rule::pick(&window, now, want);
-        let used = picked.last().map_or(0, |last| {
-            window.iter().take_while(|r| r.seq <= last.seq).count()
-        });
-        let locked = self.lock_picked(conn, &picked, now).await?;
+        let picked: HashSet<i64> = rule::pick(&window, now, want)
+            .into_iter()
+            .map(|row| row.seq)
+            .collect();
+        let full = window.len() >= size;
+        let mut used = 0;
+        let mut taken = Vec::with_capacity(picked.len());
+        for (n, (row, read)) in window.into_iter().zip(rows).enumerate() {
+            if picked.contains(&row.seq) {
+                used = n + 1;
+                keys.extend(row.key);
+                taken.push((row.seq, read));
+            }
+        }
         Ok(Some(StepOne {
-            locked,
+            taken,
             now,
             used,
-            full: window.len() >= size,
+            full,
         }))
     }
 
     /// Locks the `picked` rows that are still pending and due (skipping rows other
     /// transactions hold), and returns those that keep their keys' prefixes: the rows
-    /// the claim takes.
+    /// the claim takes. Adds their keys to `keys`.
     async fn lock_picked(
         &self,
         conn: &mut MySqlConnection,
         picked: &[&Pending],
         now: i64,
+        keys: &mut HashSet<Vec<u8>>,
     ) -> Result<Vec<(i64, MySqlRow)>> {
         if picked.is_empty() {
             return Ok(Vec::new());
@@ -277,6 +308,12 @@ impl SpoolTable {
         let seqs: HashSet<i64> = locked.iter().map(|(seq, _)| *seq).collect();
         let keep: HashSet<i64> = rule::leasable(picked, &seqs).into_iter().collect();
         locked.retain(|(seq, _)| keep.contains(seq));
+        keys.extend(
+            picked
+                .iter()
+                .filter(|row| keep.contains(&row.seq))
+                .filter_map(|row| row.key.clone()),
+        );
         Ok(locked)
     }
 
@@ -290,6 +327,7 @@ impl SpoolTable {
         want: usize,
         now: i64,
         held: &Held,
+        keys: &mut HashSet<Vec<u8>>,
     ) -> Result<Vec<(i64, MySqlRow)>> {
         let scan = MIN_KEY_SCAN.max(want.saturating_mul(KEYS_PER_ROW));
         let mut cursor = self.lock_cursor().clone();
@@ -354,7 +392,7 @@ impl SpoolTable {
         candidates.sort_by_key(|c| c.seq);
         candidates.truncate(want);
         let picked: Vec<&Pending> = candidates.iter().collect();
-        self.lock_picked(conn, &picked, now).await
+        self.lock_picked(conn, &picked, now, keys).await
     }
 
     fn lock_cursor(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
@@ -408,8 +446,8 @@ impl SpoolTable {
 
 /// What one pass of step 1 did.
 struct StepOne {
-    /// The rows it took, locked, not yet decoded.
-    locked: Vec<(i64, MySqlRow)>,
+    /// The rows it took, not yet decoded.
+    taken: Vec<(i64, MySqlRow)>,
     /// The database's clock when it read the window.
     now: i64,
     /// The window's rows up to its last picked one.
@@ -447,14 +485,17 @@ fn next_window(limit: usize, used: usize, short: bool) -> usize {
 }
 
 /// A pending row's bookkeeping, from a statement returning `seq`, `k` and
-/// `available_at`, and whether a live claim holds it.
+/// `available_at`, and whether a live claim holds it. A row of a key that one of this
+/// process's claims holds counts as held too: the window may have passed over that
+/// claim's rows, which would have told the rule so.
 fn pending(row: &MySqlRow, held: &Held) -> Result<Pending> {
     let seq = row.try_get("seq").map_err(store_error)?;
+    let key: Option<Vec<u8>> = row.try_get("k").map_err(store_error)?;
     Ok(Pending {
         seq,
-        key: row.try_get("k").map_err(store_error)?,
+        held: held.contains(seq) || key.as_deref().is_some_and(|key| held.holds_key(key)),
+        key,
         available_at: row.try_get("available_at").map_err(store_error)?,
-        held: held.contains(seq),
     })
 }
 

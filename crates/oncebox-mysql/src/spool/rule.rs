@@ -1,5 +1,5 @@
-//! The claim rule, decided in Rust over rows the claim read: which rows to lock, and
-//! which of the locked rows the claim takes.
+//! The claim rule, decided in Rust over rows the claim read: which rows to take, and,
+//! after step 2's locking read, which of the locked rows the claim keeps.
 //!
 //! A row is claimable if it is due, not under a live lease, and every earlier pending row
 //! of its key is claimable in the same claim; a key with a live lease on any of its rows

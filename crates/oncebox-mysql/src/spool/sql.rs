@@ -39,9 +39,12 @@ pub(crate) struct SpoolSql {
     pub(crate) claims: String,
     /// `?` spool, `?` token: deletes the claim if its lease has ended.
     pub(crate) drop_ended: String,
-    /// `[scope]`, `?` window → `seq`, `k`, `available_at`, `now_ms`: the first pending
-    /// rows in commit order.
+    /// `[scope]`, `?` window → `seq`, `k`, `available_at`, `now_ms`, `attempts` and the
+    /// item: the first pending rows in commit order.
     pub(crate) window: String,
+    /// As `window`, passing over the rows of a `{list}` of seqs: `[scope]`, `{list}`,
+    /// `?` window.
+    pub(crate) window_skipping: String,
     /// `{list}` seqs, `[scope]`, `?` now → `seq`, `attempts` and the item of each of those
     /// rows still pending and due, locked `FOR UPDATE SKIP LOCKED`.
     pub(crate) lock_rows: String,
@@ -94,13 +97,8 @@ FROM oncebox_claims WHERE spool = ?"
                 "DELETE FROM oncebox_claims
 WHERE spool = ? AND token = ? AND lease_until <= {NOW_MS}"
             ),
-            window: format!(
-                "SELECT t.seq, t.`key` AS k, t.available_at, {NOW_MS} AS now_ms
-FROM {table} AS t
-WHERE {scope_t}t.status = {PENDING}
-ORDER BY t.seq
-LIMIT ?"
-            ),
+            window: window(layout, ""),
+            window_skipping: window(layout, &format!(" AND t.seq NOT IN ({LIST})")),
             lock_rows: format!(
                 "SELECT t.seq, t.attempts, {item}
 FROM {table} AS t
@@ -156,6 +154,26 @@ LIMIT ?"
             ),
         }
     }
+}
+
+/// Step 1's read of the first pending rows, in full, with `skip` added to its condition.
+///
+/// The `(status, seq)` index does not hold the key and the due time, so each row read
+/// costs a primary-key lookup anyway: reading the item there too is what spares the
+/// claim a second read of the rows it picks. A `seq NOT IN` in `skip` is decided on the
+/// index entry, before that lookup.
+fn window(layout: &Layout, skip: &str) -> String {
+    format!(
+        "SELECT t.seq, t.`key` AS k, t.available_at, {NOW_MS} AS now_ms,
+       t.attempts, {item}
+FROM {table} AS t
+WHERE {scope_t}t.status = {PENDING}{skip}
+ORDER BY t.seq
+LIMIT ?",
+        item = layout.item,
+        table = layout.table,
+        scope_t = scope(layout, "t."),
+    )
 }
 
 /// `alias.scope = ? AND `, or nothing for an unscoped table.
