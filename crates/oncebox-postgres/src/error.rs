@@ -58,10 +58,15 @@ fn is_transient_code(code: Option<&str>) -> bool {
 
 /// Whether `error` reports a unique violation.
 pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    has_code(error, UNIQUE_VIOLATION)
+}
+
+/// Whether `error` is the server's, with SQLSTATE `code`.
+pub(crate) fn has_code(error: &sqlx::Error, code: &str) -> bool {
     error
         .as_database_error()
         .and_then(|db| db.code())
-        .is_some_and(|code| code == UNIQUE_VIOLATION)
+        .is_some_and(|found| found == code)
 }
 
 pub use oncebox_core::RowDecodeError;

@@ -112,3 +112,44 @@ async fn an_id_the_server_cannot_store_is_an_error_not_a_stuck_connection() {
     assert_eq!(recorded, Recorded::New, "the connection is usable");
     inbox.commit(tx).await.unwrap();
 }
+
+/// The record's insert is prepared once per connection, and prepared again when the
+/// connection lost it (a pooler's reset, `DISCARD`); duplicates are found either way.
+#[tokio::test]
+async fn connections_prepare_the_record_once_and_again_when_it_is_gone() {
+    let db = TestDb::with_connections(1).await;
+    let inbox: PgInbox = db.store.inbox();
+    // The pool's one connection: every statement here runs on it.
+    let prepared = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE '%inbox_record'",
+        )
+        .fetch_all(db.store.pool())
+        .await
+        .expect("list the prepared statements")
+    };
+    assert!(prepared().await.is_empty());
+
+    let (tx, recorded) = inbox.begin_recorded(CONSUMER, "first").await.unwrap();
+    assert_eq!(recorded, Recorded::New);
+    inbox.commit(tx).await.unwrap();
+    let names = prepared().await;
+    assert_eq!(names.len(), 1, "prepared by the first record: {names:?}");
+
+    for id in ["second", "first"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {}", names[0])))
+            .execute(db.store.pool())
+            .await
+            .unwrap();
+        let (tx, recorded) = inbox.begin_recorded(CONSUMER, id).await.unwrap();
+        assert_eq!(
+            matches!(recorded, Recorded::Duplicate { .. }),
+            id == "first",
+            "{id}: {recorded:?}"
+        );
+        inbox.commit(tx).await.unwrap();
+        assert_eq!(prepared().await, names, "prepared again by {id:?}");
+    }
+    assert_eq!(records(&db, "first").await, 1);
+    assert_eq!(records(&db, "second").await, 1);
+}
