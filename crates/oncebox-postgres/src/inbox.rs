@@ -109,8 +109,8 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
 /// `BEGIN` as one message: a new id costs the handler's transaction one round trip, not
 /// two. The record's insert then has no `ON CONFLICT`: a duplicate fails it (after
 /// waiting, like above, for a transaction in flight), and is read as above. That insert
-/// is prepared once on each connection (SQL `PREPARE`, named `<schema>_inbox_record`)
-/// and run with `EXECUTE`.
+/// is prepared once on each connection (SQL `PREPARE`, named `<schema>_inbox_record`,
+/// or `oncebox_<hash>_record` where that would pass 63 bytes) and run with `EXECUTE`.
 #[derive(Debug, Clone)]
 pub struct PgInbox {
     pool: PgPool,
