@@ -490,3 +490,73 @@ async fn concurrent_publishes_are_all_confirmed_and_stored() {
         .await;
     assert_eq!(length, 500);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_publish_fails_alone_among_concurrent_ones() {
+    let harness = StreamsHarness::new().await;
+    let fine = harness.topic("fine");
+    let taken = harness.topic("taken");
+    let _: () = harness
+        .query(
+            redis::cmd("SET")
+                .arg(harness.streams.stream_key(&taken))
+                .arg("not a stream"),
+        )
+        .await;
+    let publisher = harness.streams.publisher();
+    // Every tenth publish goes to the key that holds a string; all are in flight at once,
+    // so they share pipelines with the others.
+    let messages: Vec<Message> = (0..300)
+        .map(|n| {
+            let topic = if n % 10 == 0 { &taken } else { &fine };
+            Message::new(topic.clone(), n.to_string())
+        })
+        .collect();
+    let results = join_all(messages.iter().map(|m| publisher.publish(m))).await;
+    for (message, result) in messages.iter().zip(&results) {
+        match result {
+            Ok(()) => assert_eq!(message.topic, fine),
+            Err(error) => {
+                assert_eq!(message.topic, taken, "{error}");
+                assert!(!error.is_transient(), "{error:?}");
+            }
+        }
+    }
+    let length: i64 = harness
+        .query(redis::cmd("XLEN").arg(harness.streams.stream_key(&fine)))
+        .await;
+    assert_eq!(length, 270, "every publish to the stream was stored");
+}
+
+#[test]
+fn a_publisher_outlives_the_runtime_it_first_published_on() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let first = runtime();
+    let (harness, publisher, topic) = first.block_on(async {
+        let harness = StreamsHarness::new().await;
+        let publisher = harness.streams.publisher();
+        let topic = harness.topic("runtimes");
+        publisher
+            .publish(&Message::new(topic.clone(), "first"))
+            .await
+            .expect("published");
+        (harness, publisher, topic)
+    });
+    // Its tasks (the publisher's and the connection's) end with it.
+    drop(first);
+
+    runtime().block_on(async {
+        // The connection notices that its task is gone and reconnects.
+        let second = Message::new(topic.clone(), "second");
+        retrying(|| publisher.publish(&second)).await;
+        let length: i64 = harness
+            .query(redis::cmd("XLEN").arg(harness.streams.stream_key(&topic)))
+            .await;
+        assert_eq!(length, 2);
+    });
+}

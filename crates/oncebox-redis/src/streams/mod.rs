@@ -1,5 +1,6 @@
 #![doc = include_str!("../docs/streams.md")]
 
+mod batcher;
 mod dead;
 mod delivery;
 mod entry;

@@ -1,4 +1,5 @@
-//! Publishing: one `XADD` per message, its reply the confirmation.
+//! Publishing: one `XADD` per message, its reply the confirmation; the `XADD`s of
+//! concurrent publishes leave together ([`Batcher`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use oncebox_core::{Error, InvalidMessage, Limits, Message, Publisher, Result};
 use redis::Value;
 use redis::aio::ConnectionManager;
 
+use super::batcher::Batcher;
 use super::entry::{DATA_FIELD, shape};
 use super::options::RedisStreamOptions;
 use crate::error::{StreamError, transport_error};
@@ -15,16 +17,18 @@ use crate::error::{StreamError, transport_error};
 /// Publishes messages to Redis streams, one stream per topic. Cheap to clone; clones
 /// share the connection.
 ///
-/// Each publish is one `XADD` on a multiplexed connection: concurrent publishes are
-/// pipelined on it (the relay's throughput comes from this), while the publishes of one
-/// key, which the relay never runs concurrently, reach the stream in order.
+/// Each publish is one `XADD`. The `XADD`s of concurrent publishes are sent together, as
+/// one pipeline, by a task the publisher starts on its first publish; while a pipeline
+/// is out, the next one gathers. The relay's throughput comes from this. Each publish
+/// still gets its own reply: a command that Redis refuses fails alone. The publishes of
+/// one key, which the relay never runs concurrently, reach the stream in order.
 ///
 /// Redis has no broker-side deduplication: a message published twice (a relay that
 /// crashed between the `XADD` reply and marking the row) is two entries. Consumers
 /// deduplicate on the `ce_id` field.
 #[derive(Clone)]
 pub struct RedisStreamPublisher {
-    connection: ConnectionManager,
+    batcher: Arc<Batcher>,
     config: Arc<PublishConfig>,
 }
 
@@ -38,7 +42,7 @@ struct PublishConfig {
 impl RedisStreamPublisher {
     pub(crate) fn new(connection: ConnectionManager, options: &RedisStreamOptions) -> Self {
         Self {
-            connection,
+            batcher: Arc::new(Batcher::new(connection)),
             config: Arc::new(PublishConfig {
                 format: WireFormat::redis().with_source(options.source.clone()),
                 prefix: options.key_prefix.clone(),
@@ -97,10 +101,9 @@ impl Publisher for RedisStreamPublisher {
     async fn publish(&self, message: &Message) -> Result<()> {
         check(message, &self.config.limits).map_err(Error::transport_permanent)?;
         let key = format!("{}{}", self.config.prefix, message.topic);
-        let mut connection = self.connection.clone();
-        let reply: Value = self
-            .command(&key, message)
-            .query_async(&mut connection)
+        let reply = self
+            .batcher
+            .send(self.command(&key, message))
             .await
             .map_err(|e| transport_error(e, &key))?;
         match reply {

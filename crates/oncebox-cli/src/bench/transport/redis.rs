@@ -3,8 +3,9 @@
 //! The raw client's step is what an application would write with the `redis` crate: one
 //! pipeline per batch holding one `XADD` per message, with the same fields as oncebox's
 //! publisher (CloudEvents attributes, headers, `data`), sent at once on a multiplexed
-//! connection, the batch done when every reply is in. oncebox's publisher sends the same
-//! `XADD`s as concurrent single commands, which the multiplexed connection pipelines.
+//! connection, the batch done when every reply is in. oncebox's publisher gets the same
+//! `XADD`s as concurrent single publishes, one per key, and sends those that gather while
+//! its last pipeline is out as one pipeline.
 
 use anyhow::Context as _;
 use oncebox::MessageId;
