@@ -66,7 +66,7 @@ impl Batcher {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             RedisError::from((
                 ErrorKind::Client,
-                "the Redis Streams publisher runs on a Tokio runtime",
+                "the Redis Streams publisher needs a Tokio runtime",
             ))
         })?;
         let (sender, requests) = mpsc::unbounded_channel();
