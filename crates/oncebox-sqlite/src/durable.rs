@@ -53,13 +53,25 @@ WHERE seq = ?2 AND status = 'pending' AND consumer = ?5 AND seq IN (",
     ")"
 );
 
+/// The columns of a claimed row, as `Received`'s `SpoolRow` decodes them, from
+/// `oncebox_durable_inbox AS o`.
+macro_rules! claimed_columns {
+    () => {
+        "o.seq, o.attempts, o.message_id, o.topic, o.key, o.kind, o.headers,
+       CAST(o.payload AS BLOB) AS payload, o.created_at, o.source, o.partition, o.position,
+       o.delivery_count"
+    };
+}
+
 /// The spool statements; the consumer is always the last parameter.
 static SPOOL: SpoolSql = SpoolSql {
     table: TABLE,
-    candidates: concat!(
+    claim: concat!(
         "\
-SELECT json_group_array(seq), count(*) FROM (
-SELECT o.seq FROM oncebox_durable_inbox AS o
+SELECT ",
+        claimed_columns!(),
+        "
+FROM oncebox_durable_inbox AS o INDEXED BY oncebox_durable_inbox_pending
 WHERE o.consumer = ?3 AND o.status = 'pending'
   AND o.available_at <= ?1
   AND o.seq NOT IN (",
@@ -72,35 +84,11 @@ WHERE o.consumer = ?3 AND o.status = 'pending'
         live_claimed!("?3"),
         "))))
 ORDER BY o.seq
-LIMIT ?2)"
+LIMIT ?2"
     ),
-    claim: concat!(
-        "\
+    record_claim: "\
 INSERT INTO oncebox_durable_inbox_claims (token, consumer, claimed_at, until, seqs)
-SELECT ?3, ?5, ?1, ?2, json_group_array(seq) FROM (
-  SELECT o.seq FROM oncebox_durable_inbox AS o
-  WHERE o.seq IN (SELECT value FROM json_each(?4))
-    AND o.consumer = ?5 AND o.status = 'pending'
-    AND o.available_at <= ?1
-    AND o.seq NOT IN (",
-        live_claimed!("?5"),
-        ")
-    AND (o.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM oncebox_durable_inbox AS p
-        WHERE p.consumer = ?5 AND p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
-          AND (p.available_at > ?1 OR p.seq IN (",
-        live_claimed!("?5"),
-        ")
-               OR p.seq NOT IN (SELECT value FROM json_each(?4)))))
-  ORDER BY o.seq)
-",
-        claim_returning_seqs!()
-    ),
-    rows: "\
-SELECT seq, attempts, message_id, topic, key, kind, headers,
-       CAST(payload AS BLOB) AS payload, created_at, source, partition, position,
-       delivery_count
-FROM oncebox_durable_inbox WHERE seq IN (SELECT value FROM json_each(?1)) AND consumer = ?2",
+VALUES (?3, ?5, ?1, ?2, ?4)",
     done: concat!(
         "\
 UPDATE oncebox_durable_inbox SET status = 'done', done_at = ?3
@@ -182,6 +170,17 @@ impl SpoolStore for SqliteDurableInbox {
 
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.table.settle(token, settlements).await
+    }
+
+    async fn settle_and_claim(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<Received>>> {
+        self.table
+            .settle_and_claim(token, settlements, request)
+            .await
     }
 
     async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {

@@ -9,23 +9,21 @@
 //! ended holds it. Claiming a batch writes that one row, not every claimed row: the rows
 //! are written once more only when they are settled.
 //!
-//! A claim runs in three steps, so that the scan never holds SQLite's write lock:
+//! A pending row is claimable if it is due, no live claim holds it, and no earlier
+//! pending row of its key is unclaimable. A claim is one `BEGIN IMMEDIATE` transaction,
+//! after the settlements when the relay settles and claims together:
 //!
-//! 1. **Candidates**, a plain read (WAL readers never block writers): the first `limit`
-//!    claimable rows by `seq`. A pending row is claimable if it is due, no live claim
-//!    holds it, and no earlier pending row of its key is unclaimable. The scan walks the
-//!    partial index of pending rows in `seq` order and stops after `limit` hits; rows
-//!    queued behind a blocked key are walked over, at index speed.
-//! 2. **Claim**, one `INSERT ... SELECT ... RETURNING` statement (atomic on its own):
-//!    records a claim of the candidates that are *still* claimable, and only of those
-//!    whose earlier pending rows of their key are candidates too. So each key's claimed
-//!    rows stay a prefix of its pending rows even if another relay claimed rows, or an
-//!    operator replayed a dead row, in between. A trigger deletes, in the same
-//!    statement, every claim whose lease had ended: claims never overlap.
-//! 3. **Rows**, a plain read of the rows the claim holds.
+//! 1. **The rows**: the partial index of pending rows walked in `seq` order, each row
+//!    tested against the earlier pending rows of its key (an index probe), until `limit`
+//!    claimable rows are found, read whole. Rows queued behind a blocked key are walked
+//!    over at index speed.
+//! 2. **The record**: one row inserted into the claims table. A trigger deletes, in the
+//!    same statement, every claim whose lease had ended.
 //!
-//! A relay that loses candidates to a concurrent claim tries again, a few times, for the
-//! rest of its batch.
+//! No other writer runs between the two, so the rows need no second look, and claims
+//! never overlap: several relays, in one process or several sharing the file, take
+//! turns. The write lock is held while the rows are read; producers' commits wait for it
+//! meanwhile, up to the busy timeout.
 //!
 //! # Settling
 //!
@@ -48,9 +46,6 @@ use tokio::sync::Notify;
 
 use crate::error::{RowDecodeError, RowReader, store_error};
 
-/// Candidate → lease rounds per claim, when concurrent claims take candidates away.
-const CLAIM_ROUNDS: usize = 3;
-
 /// Longest error text kept in `last_error`, in characters.
 const MAX_ERROR_CHARS: usize = 2000;
 
@@ -62,14 +57,11 @@ const MAX_ERROR_CHARS: usize = 2000;
 pub(crate) struct SpoolSql {
     /// Table name, for error messages.
     pub(crate) table: &'static str,
-    /// `?1` now, `?2` limit → one row: the `seq`s of the first claimable rows (a JSON
-    /// array), and how many there are.
-    pub(crate) candidates: &'static str,
-    /// `?1` now, `?2` lease until, `?3` token, `?4` candidates (JSON array) → the claim's
-    /// `seqs` (a JSON array), or no row if none of the candidates is claimable now.
+    /// `?1` now, `?2` limit → the first `limit` claimable rows, whole, in `seq` order.
     pub(crate) claim: &'static str,
-    /// `?1` seqs (JSON array) → the claimed rows.
-    pub(crate) rows: &'static str,
+    /// `?1` now, `?2` lease until, `?3` token, `?4` seqs (JSON array): records a claim
+    /// of rows read in the same write transaction.
+    pub(crate) record_claim: &'static str,
     /// `?1` token, `?2` seqs (JSON array), `?3` now.
     pub(crate) done: &'static str,
     /// `?1` token, `?2` seqs (JSON array): deletes published rows instead of marking
@@ -142,75 +134,78 @@ impl SpoolTable {
         }
     }
 
+    /// Claims in a write transaction of its own.
     pub(crate) async fn claim<T: SpoolRow>(
         &self,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
-        let now = to_unix_millis(SystemTime::now());
-        let lease_until = now.saturating_add(duration_millis(request.lease));
-        let token = request.token.to_string();
-        let mut claimed = Vec::new();
-        let mut held: Vec<i64> = Vec::new();
-        for _ in 0..CLAIM_ROUNDS {
-            let want = request.limit.saturating_sub(claimed.len());
-            if want == 0 {
-                break;
-            }
-            // One row, the candidates as a JSON array, passed on as it is: rows cross
-            // from SQLite's thread one by one, each at the cost of a thread wake-up.
-            let row = self
-                .scoped(
-                    sqlx::query(self.sql.candidates)
-                        .bind(now)
-                        .bind(sql_limit(want)),
-                )
-                .fetch_one(&self.pool)
-                .await
-                .map_err(store_error)?;
-            let candidates: String = row.try_get(0).map_err(store_error)?;
-            let count: i64 = row.try_get(1).map_err(store_error)?;
-            if count == 0 {
-                break;
-            }
-            let claim = self
-                .scoped(
-                    sqlx::query(self.sql.claim)
-                        .bind(now)
-                        .bind(lease_until)
-                        .bind(token.clone())
-                        .bind(candidates),
-                )
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(store_error)?;
-            let Some(claim) = claim else {
-                // Every candidate went to another claim: look again.
-                continue;
-            };
-            let seqs: String = claim.try_get(0).map_err(store_error)?;
-            let rows = self
-                .scoped(sqlx::query(self.sql.rows).bind(seqs))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(store_error)?;
-            // A claim's later rounds add to its rows: skip those of the earlier rounds.
-            let earlier = held.len();
-            for row in &rows {
-                let seq: i64 = row.try_get("seq").map_err(store_error)?;
-                if held[..earlier].contains(&seq) {
-                    continue;
-                }
-                held.push(seq);
-                if let Some(item) = self.decode_claimed(seq, request.token, row).await? {
-                    claimed.push(item);
-                }
-            }
-            let lost_some = i64::try_from(held.len() - earlier).unwrap_or(i64::MAX) < count;
-            if !lost_some {
-                break;
+        // Nothing to settle: the token is not used.
+        self.settle_and_claim(request.token, &[], request).await
+    }
+
+    /// Settles the rows of claim `token`, then claims, in one write transaction: the
+    /// claim sees the settlements, and a failure applies neither.
+    pub(crate) async fn settle_and_claim<T: SpoolRow>(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<T>>> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(store_error)?;
+        if !settlements.is_empty() {
+            self.apply(&mut tx, &SettleOps::plan(token, settlements))
+                .await?;
+        }
+        let rows = self.claim_in(&mut tx, request).await?;
+        tx.commit().await.map_err(store_error)?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for (seq, row) in rows {
+            if let Some(item) = self.decode_claimed(seq, request.token, &row).await? {
+                claimed.push(item);
             }
         }
-        claimed.sort_by_key(|c: &Claimed<T>| c.seq);
+        Ok(claimed)
+    }
+
+    /// The claim's statements in `conn`'s write transaction: the rows, and the claim's
+    /// record; returns the claimed rows, not yet decoded.
+    async fn claim_in(
+        &self,
+        conn: &mut SqliteConnection,
+        request: &ClaimRequest,
+    ) -> Result<Vec<(i64, SqliteRow)>> {
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = to_unix_millis(SystemTime::now());
+        let rows = self
+            .scoped(
+                sqlx::query(self.sql.claim)
+                    .bind(now)
+                    .bind(sql_limit(request.limit)),
+            )
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let seq: i64 = row.try_get("seq").map_err(store_error)?;
+            claimed.push((seq, row));
+        }
+        let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
+        let record = sqlx::query(self.sql.record_claim)
+            .bind(now)
+            .bind(now.saturating_add(duration_millis(request.lease)))
+            .bind(request.token.to_string())
+            .bind(json_list(&seqs));
+        self.execute(conn, record).await?;
         Ok(claimed)
     }
 

@@ -149,6 +149,17 @@ impl SpoolStore for SqliteOutbox {
         self.table.settle(token, settlements).await
     }
 
+    async fn settle_and_claim(
+        &self,
+        token: LeaseToken,
+        settlements: &[Settlement],
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<Message>>> {
+        self.table
+            .settle_and_claim(token, settlements, request)
+            .await
+    }
+
     async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
         self.table.purge(before, limit).await
     }

@@ -22,12 +22,23 @@ macro_rules! held_by_token {
     };
 }
 
+/// The columns of a claimed row, as `SqliteOutbox`'s `SpoolRow` decodes them, from
+/// `oncebox_outbox AS o`.
+macro_rules! claimed_columns {
+    () => {
+        "o.seq, o.attempts, o.id, o.topic, o.key, o.kind, o.headers,
+       CAST(o.payload AS BLOB) AS payload, o.created_at"
+    };
+}
+
 pub(super) static SPOOL: SpoolSql = SpoolSql {
     table: TABLE,
-    candidates: concat!(
+    claim: concat!(
         "\
-SELECT json_group_array(seq), count(*) FROM (
-SELECT o.seq FROM oncebox_outbox AS o
+SELECT ",
+        claimed_columns!(),
+        "
+FROM oncebox_outbox AS o INDEXED BY oncebox_outbox_pending
 WHERE o.status = 'pending'
   AND o.available_at <= ?1
   AND o.seq NOT IN (",
@@ -40,33 +51,10 @@ WHERE o.status = 'pending'
         live_claimed!(),
         "))))
 ORDER BY o.seq
-LIMIT ?2)"
+LIMIT ?2"
     ),
-    claim: concat!(
-        "\
-INSERT INTO oncebox_outbox_claims (token, claimed_at, until, seqs)
-SELECT ?3, ?1, ?2, json_group_array(seq) FROM (
-  SELECT o.seq FROM oncebox_outbox AS o
-  WHERE o.seq IN (SELECT value FROM json_each(?4))
-    AND o.status = 'pending'
-    AND o.available_at <= ?1
-    AND o.seq NOT IN (",
-        live_claimed!(),
-        ")
-    AND (o.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM oncebox_outbox AS p
-        WHERE p.status = 'pending' AND p.key = o.key AND p.seq < o.seq
-          AND (p.available_at > ?1 OR p.seq IN (",
-        live_claimed!(),
-        ")
-               OR p.seq NOT IN (SELECT value FROM json_each(?4)))))
-  ORDER BY o.seq)
-",
-        claim_returning_seqs!()
-    ),
-    rows: "\
-SELECT seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at
-FROM oncebox_outbox WHERE seq IN (SELECT value FROM json_each(?1))",
+    record_claim: "\
+INSERT INTO oncebox_outbox_claims (token, claimed_at, until, seqs) VALUES (?3, ?1, ?2, ?4)",
     done: concat!(
         "\
 UPDATE oncebox_outbox SET status = 'done', done_at = ?3
@@ -137,6 +125,9 @@ FROM oncebox_outbox AS o WHERE id = ?1";
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use oncebox_core::spool::{ClaimRequest, LeaseToken, SpoolStore};
     use sqlx::Row;
 
     use super::*;
@@ -162,80 +153,44 @@ mod tests {
         (store, dir)
     }
 
-    /// Runs the claim step alone with `candidates`, as if they had been read earlier;
-    /// returns the rows the claim holds.
-    async fn claim_step(store: &SqliteStore, candidates: &str) -> Vec<i64> {
-        let now = oncebox_core::time::to_unix_millis(std::time::SystemTime::now());
-        let held: Option<String> = sqlx::query_scalar(SPOOL.claim)
-            .bind(now)
-            .bind(now + 60_000)
-            .bind(oncebox_core::spool::LeaseToken::new().to_string())
-            .bind(candidates)
-            .fetch_optional(store.pool())
-            .await
-            .unwrap();
-        let Some(held) = held else {
-            return Vec::new();
+    /// Claims at most `limit` rows for a minute; returns their `seq`s.
+    async fn claim(store: &SqliteStore, limit: usize) -> Vec<i64> {
+        let request = ClaimRequest {
+            token: LeaseToken::new(),
+            limit,
+            lease: Duration::from_secs(60),
         };
-        let mut seqs: Vec<i64> = sqlx::query_scalar("SELECT value FROM json_each(?1)")
-            .bind(held)
-            .fetch_all(store.pool())
-            .await
-            .unwrap();
-        seqs.sort_unstable();
-        seqs
+        let claimed = store.outbox().claim(&request).await.unwrap();
+        claimed.iter().map(|row| row.seq).collect()
     }
 
-    async fn insert(store: &SqliteStore, key: &str, status: &str) -> i64 {
+    async fn insert(store: &SqliteStore, key: Option<&str>, available_at: i64) -> i64 {
         let id = oncebox_core::MessageId::new().to_string();
         sqlx::query(
-            "INSERT INTO oncebox_outbox (id, topic, key, payload, created_at, available_at, status)
-             VALUES (?1, 't', ?2, x'', 0, 0, ?3) RETURNING seq",
+            "INSERT INTO oncebox_outbox (id, topic, key, payload, created_at, available_at)
+             VALUES (?1, 't', ?2, x'', 0, ?3) RETURNING seq",
         )
         .bind(id)
-        .bind(key.to_owned())
-        .bind(status.to_owned())
+        .bind(key.map(str::to_owned))
+        .bind(available_at)
         .fetch_one(store.pool())
         .await
         .unwrap()
         .get("seq")
     }
 
-    /// Candidates read before another claim took an earlier row of their key are not
-    /// claimed: the key would be held by two claims.
+    /// The claim walks over the rows queued behind a blocked key to the claimable rows
+    /// beyond them.
     #[tokio::test]
-    async fn claim_step_skips_keys_claimed_since_the_candidates_were_read() {
+    async fn a_claim_walks_over_rows_behind_a_blocked_key() {
         let (store, _dir) = store().await;
-        let k1 = insert(&store, "k", "pending").await;
-        let k2 = insert(&store, "k", "pending").await;
-        let other = insert(&store, "j", "pending").await;
-        let stale = format!("[{k1},{k2},{other}]");
-        assert_eq!(
-            claim_step(&store, &format!("[{k1}]")).await,
-            [k1],
-            "another claim takes k1"
-        );
-        assert_eq!(
-            claim_step(&store, &stale).await,
-            [other],
-            "k2 waits for k1; j goes"
-        );
-    }
-
-    /// A row that became pending again (a replayed dead letter) after the candidates
-    /// were read blocks the later candidates of its key.
-    #[tokio::test]
-    async fn claim_step_keeps_keys_a_prefix_when_an_earlier_row_reappears() {
-        let (store, _dir) = store().await;
-        let k1 = insert(&store, "k", "dead").await;
-        let k2 = insert(&store, "k", "pending").await;
-        sqlx::query("UPDATE oncebox_outbox SET status = 'pending' WHERE seq = ?1")
-            .bind(k1)
-            .execute(store.pool())
-            .await
-            .unwrap();
-        assert!(claim_step(&store, &format!("[{k2}]")).await.is_empty());
-        assert_eq!(claim_step(&store, &format!("[{k1},{k2}]")).await, [k1, k2]);
+        insert(&store, Some("k"), i64::MAX / 2).await;
+        for _ in 0..40 {
+            insert(&store, Some("k"), 0).await;
+        }
+        let j1 = insert(&store, Some("j"), 0).await;
+        let j2 = insert(&store, Some("j"), 0).await;
+        assert_eq!(claim(&store, 10).await, [j1, j2]);
     }
 
     /// The claim and the settlements walk indexes, never the table, and never sort: on a
@@ -269,9 +224,7 @@ mod tests {
 
     async fn assert_index_driven(store: &SqliteStore) {
         for (name, sql) in [
-            ("candidates", SPOOL.candidates),
             ("claim", SPOOL.claim),
-            ("rows", SPOOL.rows),
             ("done", SPOOL.done),
             ("unclaim", SPOOL.unclaim),
             ("retry", SPOOL.retry),
