@@ -139,8 +139,7 @@ impl SpoolTable {
         &self,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
-        // Nothing to settle: the token is not used.
-        self.settle_and_claim(request.token, &[], request).await
+        self.claim_after(None, request).await
     }
 
     /// Settles the rows of claim `token`, then claims, in one write transaction: the
@@ -151,16 +150,33 @@ impl SpoolTable {
         settlements: &[Settlement],
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
+        let ops = (!settlements.is_empty()).then(|| SettleOps::plan(token, settlements));
+        self.claim_after(ops.as_ref(), request).await
+    }
+
+    /// One write transaction: `settle`, if any, then the claim's statements (the rows,
+    /// and the claim's record); the claimed rows are decoded after the commit.
+    async fn claim_after<T: SpoolRow>(
+        &self,
+        settle: Option<&SettleOps>,
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<T>>> {
+        if settle.is_none() && request.limit == 0 {
+            return Ok(Vec::new());
+        }
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(store_error)?;
-        if !settlements.is_empty() {
-            self.apply(&mut tx, &SettleOps::plan(token, settlements))
-                .await?;
+        if let Some(ops) = settle {
+            self.apply(&mut tx, ops).await?;
         }
-        let rows = self.claim_in(&mut tx, request).await?;
+        let rows = if request.limit == 0 {
+            Vec::new()
+        } else {
+            self.claim_rows(&mut tx, request).await?
+        };
         tx.commit().await.map_err(store_error)?;
         let mut claimed = Vec::with_capacity(rows.len());
         for (seq, row) in rows {
@@ -171,16 +187,13 @@ impl SpoolTable {
         Ok(claimed)
     }
 
-    /// The claim's statements in `conn`'s write transaction: the rows, and the claim's
-    /// record; returns the claimed rows, not yet decoded.
-    async fn claim_in(
+    /// Reads the claimable rows in `conn`'s write transaction and records the claim of
+    /// them; returns them with their `seq`s, not yet decoded.
+    async fn claim_rows(
         &self,
         conn: &mut SqliteConnection,
         request: &ClaimRequest,
     ) -> Result<Vec<(i64, SqliteRow)>> {
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
         let now = to_unix_millis(SystemTime::now());
         let rows = self
             .scoped(
@@ -194,19 +207,18 @@ impl SpoolTable {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            let seq: i64 = row.try_get("seq").map_err(store_error)?;
-            claimed.push((seq, row));
-        }
-        let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
+        let seqs = rows
+            .iter()
+            .map(|row| row.try_get::<i64, _>("seq"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(store_error)?;
         let record = sqlx::query(self.sql.record_claim)
             .bind(now)
             .bind(now.saturating_add(duration_millis(request.lease)))
             .bind(request.token.to_string())
             .bind(json_list(&seqs));
         self.execute(conn, record).await?;
-        Ok(claimed)
+        Ok(seqs.into_iter().zip(rows).collect())
     }
 
     /// Decodes a claimed row; a row that does not decode is marked dead with the reason

@@ -127,7 +127,7 @@ FROM oncebox_outbox AS o WHERE id = ?1";
 mod tests {
     use std::time::Duration;
 
-    use oncebox_core::spool::{ClaimRequest, LeaseToken, SpoolStore};
+    use oncebox_testkit::fixtures::claim;
     use sqlx::Row;
 
     use super::*;
@@ -151,17 +151,6 @@ mod tests {
             .unwrap();
         store.migrate().await.unwrap();
         (store, dir)
-    }
-
-    /// Claims at most `limit` rows for a minute; returns their `seq`s.
-    async fn claim(store: &SqliteStore, limit: usize) -> Vec<i64> {
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit,
-            lease: Duration::from_secs(60),
-        };
-        let claimed = store.outbox().claim(&request).await.unwrap();
-        claimed.iter().map(|row| row.seq).collect()
     }
 
     async fn insert(store: &SqliteStore, key: Option<&str>, available_at: i64) -> i64 {
@@ -190,7 +179,9 @@ mod tests {
         }
         let j1 = insert(&store, Some("j"), 0).await;
         let j2 = insert(&store, Some("j"), 0).await;
-        assert_eq!(claim(&store, 10).await, [j1, j2]);
+        let (_, rows) = claim(&store.outbox(), 10, Duration::from_secs(60)).await;
+        let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
+        assert_eq!(seqs, [j1, j2]);
     }
 
     /// The claim and the settlements walk indexes, never the table, and never sort: on a
