@@ -100,7 +100,8 @@ impl SpoolStore for MySqlDurableInbox {
         self.table.settle(token, settlements, false).await
     }
 
-    /// Settles and claims in one transaction, as the outbox does.
+    /// Settles and claims as the outbox does: two transactions, with one request
+    /// between them.
     async fn settle_and_claim(
         &self,
         token: LeaseToken,

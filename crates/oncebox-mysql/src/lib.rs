@@ -182,7 +182,12 @@
 //!    in a correlated subquery, so the probes are separate statements.)
 //!
 //! Lists of rows are bound as `IN (?, ?, ...)`, padded to a power of two so that a
-//! handful of prepared statements serve every batch. The plans are in
+//! handful of prepared statements serve every batch. Statements that need nothing from
+//! the one before them are sent together, in one request: the claim lock with the read
+//! of the claims, after the settlement's updates when the relay settles and claims at
+//! once. A round trip costs about 0.1 ms on a loaded host, more than most of those
+//! statements take to run. Such requests use the text protocol, with values written as
+//! literals (integers in decimal, everything else in hexadecimal). The plans are in
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]
 //! shows them on your data.
 //!
@@ -193,8 +198,11 @@
 //! WHERE seq IN (...)`, or `DELETE` with [`MySqlOutbox::delete_on_publish`]) and failed
 //! rows (one `UPDATE` joined to a `JSON_TABLE` of the failures, each with its own retry
 //! time and error); released rows only leave the claim. The claim keeps the rows not
-//! settled, or is deleted. All in one transaction (with the next claim, when the relay
-//! settles and claims at once). The durable inbox's `complete` checks in the handler's
+//! settled, or is deleted. All in one transaction. When the relay settles and claims at
+//! once, the settlement commits and the claim's transaction starts in the same request:
+//! read in the transaction that had just changed the last batch's rows, the claim's
+//! window cost about 1.1 ms more per batch on MariaDB 10.11 than a second commit does.
+//! The durable inbox's `complete` checks in the handler's
 //! transaction that its claim still holds the row, the claim's row locked in share mode,
 //! so completions of one claim do not wait for each other. Retention deletes done rows in
 //! bounded batches on the `(status, done_at)` index (`DELETE ... ORDER BY done_at LIMIT

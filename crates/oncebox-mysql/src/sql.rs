@@ -40,10 +40,19 @@ pub(crate) const NOW_MS: &str = now_ms!();
 pub(crate) async fn begin_read_committed(
     pool: &MySqlPool,
 ) -> oncebox_core::Result<Transaction<'static, MySql>> {
-    pool.begin_with("ROLLBACK; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+    pool.begin_with(concat!("ROLLBACK; ", start_read_committed!()))
         .await
         .map_err(store_error)
 }
+
+/// The statements that start a transaction in `READ COMMITTED`, as a macro for
+/// `concat!`.
+macro_rules! start_read_committed {
+    () => {
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+    };
+}
+pub(crate) use start_read_committed;
 
 /// A prepared statement over SQL built once, at first use.
 pub(crate) type MySqlQuery = Query<'static, MySql, MySqlArguments>;

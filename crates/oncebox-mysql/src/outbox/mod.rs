@@ -264,8 +264,9 @@ impl SpoolStore for MySqlOutbox {
             .await
     }
 
-    /// Settles and claims in one transaction (one commit per batch): the settle
-    /// statements, then the claim as [`claim`](Self::claim) runs it.
+    /// Settles, then claims as [`claim`](Self::claim) does, in two transactions with one
+    /// request between them: the settlement's updates and commit, and the claim's lock
+    /// and read of the live claims (see the crate docs, "Claiming").
     async fn settle_and_claim(
         &self,
         token: LeaseToken,

@@ -25,6 +25,7 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use super::SpoolTable;
+use super::script::Script;
 use crate::error::{RowReader, store_error};
 use crate::sql::{query, uuid_bytes};
 
@@ -99,17 +100,24 @@ impl OwnClaims {
 }
 
 impl SpoolTable {
-    /// Reads the spool's claims and deletes those whose lease has ended; returns the
-    /// rows the others hold. Runs under the claim lock.
-    pub(super) async fn live_claims(&self, conn: &mut MySqlConnection) -> Result<Held> {
-        let rows = query(&self.sql.claims)
-            .bind(self.spool())
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(store_error)?;
+    /// Takes the claim lock and reads the spool's claims: appended to `script`, which
+    /// [`live_claims`](Self::live_claims) reads the result of.
+    pub(super) fn lock_and_read_claims(&self, script: &mut Script) {
+        let spool = self.lock_name.as_bytes();
+        script.push(&self.sql.lock, &[], &[spool]);
+        script.push(&self.sql.claims, &[], &[spool]);
+    }
+
+    /// From the `rows` of the spool's claims, read under the claim lock: deletes those
+    /// whose lease has ended and returns the rows the others hold.
+    pub(super) async fn live_claims(
+        &self,
+        conn: &mut MySqlConnection,
+        rows: &[MySqlRow],
+    ) -> Result<Held> {
         let mut held = Held::default();
         let mut live = Vec::with_capacity(rows.len());
-        for row in &rows {
+        for row in rows {
             let token: Vec<u8> = row.try_get("token").map_err(store_error)?;
             let until: i64 = row.try_get("lease_until").map_err(store_error)?;
             let now: i64 = row.try_get("now_ms").map_err(store_error)?;
@@ -199,25 +207,19 @@ impl SpoolTable {
     }
 
     /// After a settlement: keeps the claim `token` for the rows it still holds, or
-    /// deletes it when it holds none.
-    pub(super) async fn keep_claim(
-        &self,
-        conn: &mut MySqlConnection,
-        token: &[u8],
-        remaining: &[i64],
-    ) -> Result<()> {
-        let statement = if remaining.is_empty() {
-            query(&self.sql.drop_claim)
+    /// deletes it when it holds none; appended to `script`.
+    pub(super) fn keep_claim(&self, script: &mut Script, token: &[u8], remaining: &[i64]) {
+        let spool = self.lock_name.as_bytes();
+        if remaining.is_empty() {
+            script.push(&self.sql.drop_claim, &[], &[spool, token]);
         } else {
-            query(&self.sql.shrink_claim).bind(seqs_json(remaining))
-        };
-        statement
-            .bind(self.spool())
-            .bind(token.to_vec())
-            .execute(&mut *conn)
-            .await
-            .map_err(store_error)?;
-        Ok(())
+            let seqs = seqs_json(remaining);
+            script.push(
+                &self.sql.shrink_claim,
+                &[],
+                &[seqs.as_bytes(), spool, token],
+            );
+        }
     }
 }
 

@@ -6,11 +6,11 @@ use oncebox_core::Result;
 use oncebox_core::spool::{LeaseToken, Settle, Settlement};
 use sqlx::mysql::MySqlConnection;
 
+use super::script::Script;
 use super::{SpoolTable, sql};
 use crate::error::store_error;
 use crate::sql::{
-    MAX_LIST, begin_read_committed, bind_list, ms_since, ms_until, query, query_owned, sql_limit,
-    uuid_bytes, with_list,
+    MAX_LIST, begin_read_committed, ms_since, ms_until, query, sql_limit, uuid_bytes,
 };
 
 /// Longest error text kept in `last_error`, in characters.
@@ -29,23 +29,27 @@ impl SpoolTable {
             return Ok(());
         }
         let mut tx = begin_read_committed(&self.pool).await?;
-        self.settle_in(&mut tx, token, settlements, delete_done)
+        let mut script = Script::default();
+        self.settle_in(&mut tx, token, settlements, delete_done, &mut script)
             .await?;
+        script.run(&mut tx).await?;
         tx.commit().await.map_err(store_error)
     }
 
     /// The settle statements, in `conn`'s transaction: the claim's row is locked first,
     /// and only the rows it still holds are settled (none if the claim is gone: its
-    /// lease ended and another claim took its place). Then one statement for the rows
-    /// published (marked done, or deleted with `delete_done`) and one for the rows that
-    /// failed (retried or dead), skipped when they have no rows; released rows only
-    /// leave the claim. Last, the claim keeps the rows not settled, or is deleted.
+    /// lease ended and another claim took its place). The rows that failed (retried or
+    /// dead) are updated at once, in one statement, if there are any. Appended to
+    /// `script`, for the caller to run: one statement for the rows published (marked
+    /// done, or deleted with `delete_done`), then the claim's own, which keeps the rows
+    /// not settled or deletes the claim; released rows only leave the claim.
     pub(super) async fn settle_in(
         &self,
         conn: &mut MySqlConnection,
         token: LeaseToken,
         settlements: &[Settlement],
         delete_done: bool,
+        script: &mut Script,
     ) -> Result<()> {
         let token = uuid_bytes(token.as_uuid());
         let Some(mut held) = self.held(conn, &token).await? else {
@@ -77,18 +81,6 @@ impl SpoolTable {
                 _ => {}
             }
         }
-        let done_sql = if delete_done {
-            &self.sql.delete_done
-        } else {
-            &self.sql.done
-        };
-        for chunk in done.chunks(MAX_LIST) {
-            let statement = query_owned(with_list(done_sql, chunk.len()));
-            self.scoped(bind_list(statement, chunk))
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error)?;
-        }
         if !failed.is_empty() {
             let list = serde_json::Value::from(failed).to_string();
             self.scoped(query(&self.sql.fail).bind(list))
@@ -96,9 +88,18 @@ impl SpoolTable {
                 .await
                 .map_err(store_error)?;
         }
+        let done_sql = if delete_done {
+            &self.sql.delete_done
+        } else {
+            &self.sql.done
+        };
+        for chunk in done.chunks(MAX_LIST) {
+            script.push(done_sql, chunk, &self.scope_values());
+        }
         let mut remaining: Vec<i64> = held.into_iter().collect();
         remaining.sort_unstable();
-        self.keep_claim(conn, &token, &remaining).await
+        self.keep_claim(script, &token, &remaining);
+        Ok(())
     }
 
     /// Deletes at most `limit` done rows settled before `before`, oldest first.
