@@ -183,11 +183,14 @@
 //!
 //! Lists of rows are bound as `IN (?, ?, ...)`, padded to a power of two so that a
 //! handful of prepared statements serve every batch. Statements that need nothing from
-//! the one before them are sent together, in one request: the claim lock with the read
-//! of the claims, after the settlement's updates when the relay settles and claims at
-//! once. A round trip costs about 0.1 ms on a loaded host, more than most of those
-//! statements take to run. Such requests use the text protocol, with values written as
-//! literals (integers in decimal, everything else in hexadecimal). The plans are in
+//! the one before them are sent together, in one request: the start of the transaction
+//! with the first statement, the claim lock with the read of the claims (after the
+//! settlement's updates when the relay settles and claims at once), the claim's record
+//! with the commit. A round trip costs about 0.1 ms on a loaded host, more than most of
+//! those statements take to run; a relay's batch makes four instead of nine. Such
+//! requests use the text protocol, with values written as literals (integers in
+//! decimal, bytes in hexadecimal). A claim or settlement dropped before its commit
+//! closes its connection, so that the server rolls it back. The plans are in
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]
 //! shows them on your data.
 //!

@@ -177,7 +177,7 @@ impl MySqlOutbox {
         if let Some(until) = held_until {
             let token = uuid_bytes(&uuid::Uuid::new_v4());
             self.table
-                .record_claim(&mut tx, token, until, &[seq])
+                .record_claim_in(&mut tx, &token, until, &[seq])
                 .await?;
         }
         tx.commit().await.map_err(store_error)?;

@@ -25,7 +25,7 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use super::SpoolTable;
-use super::script::Script;
+use super::script::{Script, Value};
 use crate::error::{RowReader, store_error};
 use crate::sql::{query, uuid_bytes};
 
@@ -103,7 +103,7 @@ impl SpoolTable {
     /// Takes the claim lock and reads the spool's claims: appended to `script`, which
     /// [`live_claims`](Self::live_claims) reads the result of.
     pub(super) fn lock_and_read_claims(&self, script: &mut Script) {
-        let spool = self.lock_name.as_bytes();
+        let spool = Value::Bytes(self.lock_name.as_bytes());
         script.push(&self.sql.lock, &[], &[spool]);
         script.push(&self.sql.claims, &[], &[spool]);
     }
@@ -147,39 +147,49 @@ impl SpoolTable {
     }
 
     /// Records the claim `token` of `seqs` until `until` (ms, the database's clock), or
-    /// adds `seqs` to it. Runs under the claim lock.
-    pub(crate) async fn record_claim(
-        &self,
-        conn: &mut MySqlConnection,
-        token: Vec<u8>,
-        until: i64,
-        seqs: &[i64],
-    ) -> Result<()> {
-        query(&self.sql.record_claim)
-            .bind(self.spool())
-            .bind(token)
-            .bind(until)
-            .bind(seqs_json(seqs))
-            .execute(&mut *conn)
-            .await
-            .map_err(store_error)?;
-        Ok(())
+    /// adds `seqs` to it; appended to `script`, which must run under the claim lock.
+    pub(super) fn record_claim(&self, script: &mut Script, token: &[u8], until: i64, seqs: &[i64]) {
+        script.push(
+            &self.sql.record_claim,
+            &[],
+            &[
+                Value::Bytes(self.lock_name.as_bytes()),
+                Value::Bytes(token),
+                Value::Int(until),
+                Value::Seqs(seqs),
+            ],
+        );
     }
 
-    /// Locks the claim `token` for a settlement and returns the rows it holds; `None` if
-    /// the claim is gone (its lease ended and another claim took its place).
-    pub(super) async fn held(
+    /// [`record_claim`](Self::record_claim) at once, in `conn`'s transaction.
+    pub(crate) async fn record_claim_in(
         &self,
         conn: &mut MySqlConnection,
         token: &[u8],
-    ) -> Result<Option<HashSet<i64>>> {
-        let row = query(&self.sql.held)
-            .bind(self.spool())
-            .bind(token.to_vec())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(store_error)?;
-        row.as_ref()
+        until: i64,
+        seqs: &[i64],
+    ) -> Result<()> {
+        let mut script = Script::default();
+        self.record_claim(&mut script, token, until, seqs);
+        script.run(conn).await?;
+        Ok(())
+    }
+
+    /// Locks the claim `token` for a settlement; appended to `script`, whose rows
+    /// [`held`](Self::held) reads.
+    pub(super) fn lock_claim(&self, script: &mut Script, token: &[u8]) {
+        script.push(
+            &self.sql.held,
+            &[],
+            &[Value::Bytes(self.lock_name.as_bytes()), Value::Bytes(token)],
+        );
+    }
+
+    /// The rows the claim locked by [`lock_claim`](Self::lock_claim) holds, from the
+    /// `rows` that statement returned; `None` if the claim is gone (its lease ended and
+    /// another claim took its place).
+    pub(super) fn held(rows: &[MySqlRow]) -> Result<Option<HashSet<i64>>> {
+        rows.first()
             .map(|row| claim_seqs(row).map(|seqs| seqs.into_iter().collect()))
             .transpose()
     }
@@ -211,13 +221,20 @@ impl SpoolTable {
     pub(super) fn keep_claim(&self, script: &mut Script, token: &[u8], remaining: &[i64]) {
         let spool = self.lock_name.as_bytes();
         if remaining.is_empty() {
-            script.push(&self.sql.drop_claim, &[], &[spool, token]);
+            script.push(
+                &self.sql.drop_claim,
+                &[],
+                &[Value::Bytes(spool), Value::Bytes(token)],
+            );
         } else {
-            let seqs = seqs_json(remaining);
             script.push(
                 &self.sql.shrink_claim,
                 &[],
-                &[seqs.as_bytes(), spool, token],
+                &[
+                    Value::Seqs(remaining),
+                    Value::Bytes(spool),
+                    Value::Bytes(token),
+                ],
             );
         }
     }
@@ -229,20 +246,4 @@ fn claim_seqs(row: &MySqlRow) -> Result<Vec<i64>> {
     let reader = RowReader::new(row, "oncebox_claims", "a claim");
     let seqs: String = reader.get("seqs")?;
     serde_json::from_str(&seqs).map_err(|e| Error::from(reader.error("seqs", e)))
-}
-
-/// `seqs` as a JSON array.
-fn seqs_json(seqs: &[i64]) -> String {
-    serde_json::Value::from(seqs).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seqs_are_a_json_array() {
-        assert_eq!(seqs_json(&[3, 1, 2]), "[3,1,2]");
-        assert_eq!(seqs_json(&[]), "[]");
-    }
 }

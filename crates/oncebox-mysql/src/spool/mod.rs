@@ -20,12 +20,12 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
 
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::sql::{
-    MAX_LIST, MySqlQuery, begin_read_committed, bind_list, duration_ms, query, query_owned,
-    sql_limit, start_read_committed, uuid_bytes, with_list,
+    MAX_LIST, MySqlQuery, bind_list, duration_ms, query, query_owned, sql_limit,
+    start_read_committed, uuid_bytes, with_list,
 };
 use claims::{Held, OwnClaims};
 use rule::Pending;
-use script::Script;
+use script::{Script, ScriptTx, Value};
 pub(crate) use sql::{Layout, SpoolSql};
 
 /// Step 1 reads the first pending rows, adaptively between at least this many (or a
@@ -130,9 +130,9 @@ impl SpoolTable {
     }
 
     /// The scope (the consumer) as a [`Script`]'s values, if the table has one.
-    fn scope_values(&self) -> Vec<&[u8]> {
+    fn scope_values(&self) -> Vec<Value<'_>> {
         match (&self.scope, self.sql.scoped) {
-            (Some(scope), true) => vec![scope.as_bytes()],
+            (Some(scope), true) => vec![Value::Bytes(scope.as_bytes())],
             _ => Vec::new(),
         }
     }
@@ -145,9 +145,12 @@ impl SpoolTable {
         if request.limit == 0 {
             return Ok(Vec::new());
         }
-        let mut tx = begin_read_committed(&self.pool).await?;
-        let rows = self.claim_in(&mut tx, Script::default(), request).await?;
-        tx.commit().await.map_err(store_error)?;
+        let mut script = Script::default();
+        self.lock_and_read_claims(&mut script);
+        let (mut tx, mut results) = ScriptTx::begin(&self.pool, script).await?;
+        let claims = results.pop().unwrap_or_default();
+        let (rows, record) = self.claim_in(&mut tx, &claims, request).await?;
+        tx.commit(record).await?;
         Ok(self.decode_all(request.token, rows).await)
     }
 
@@ -171,37 +174,35 @@ impl SpoolTable {
         delete_done: bool,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
-        let mut tx = begin_read_committed(&self.pool).await?;
         // Before the claim lock, which other relays wait for: settling locks only the
         // row of claim `token`, and touches only the rows that claim holds.
+        let (mut tx, held) = self.begin_settle(token).await?;
         let mut script = Script::default();
-        self.settle_in(&mut tx, token, settlements, delete_done, &mut script)
+        self.settle_in(&mut tx, token, held, settlements, delete_done, &mut script)
             .await?;
-        let rows = if request.limit == 0 {
-            script.run(&mut tx).await?;
-            Vec::new()
-        } else {
-            // The transaction sqlx began goes on as the claim's.
-            script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
-            self.claim_in(&mut tx, script, request).await?
-        };
-        tx.commit().await.map_err(store_error)?;
+        if request.limit == 0 {
+            tx.commit(script).await?;
+            return Ok(Vec::new());
+        }
+        script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
+        self.lock_and_read_claims(&mut script);
+        let claims = script.run(&mut tx).await?.pop().unwrap_or_default();
+        let (rows, record) = self.claim_in(&mut tx, &claims, request).await?;
+        tx.commit(record).await?;
         Ok(self.decode_all(request.token, rows).await)
     }
 
-    /// The claim's statements in `conn`'s transaction, after those of `before` (sent
-    /// with the first of them): the lock, the live claims, step 1 and, if needed,
-    /// step 2, and the claim's record; returns the claimed rows, not yet decoded.
+    /// The claim's statements in `conn`'s transaction, under the claim lock, from the
+    /// spool's `claims` read under it: step 1 and, if needed, step 2. Returns the
+    /// claimed rows, not yet decoded, and the claim's record, for the caller to run
+    /// with its commit.
     async fn claim_in(
         &self,
         conn: &mut MySqlConnection,
-        before: Script,
+        claims: &[MySqlRow],
         request: &ClaimRequest,
-    ) -> Result<Vec<(i64, MySqlRow)>> {
-        let mut script = before;
-        self.lock_and_read_claims(&mut script);
-        let claims = script.run(&mut *conn).await?.pop().unwrap_or_default();
-        let mut held = self.live_claims(conn, &claims).await?;
+    ) -> Result<(Vec<(i64, MySqlRow)>, Script)> {
+        let mut held = self.live_claims(conn, claims).await?;
         let (_, high) = window_bounds(request.limit);
         let mut size = self.window(request.limit);
         let mut claimed = Vec::new();
@@ -233,14 +234,15 @@ impl SpoolTable {
             }
             break;
         }
+        let mut record = Script::default();
         if let (Some(now), false) = (now, claimed.is_empty()) {
             let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
             let until = now.saturating_add(duration_ms(request.lease).max(1));
             let token = uuid_bytes(request.token.as_uuid());
-            self.record_claim(conn, token.clone(), until, &seqs).await?;
+            self.record_claim(&mut record, &token, until, &seqs);
             self.own.remember(token, keys);
         }
-        Ok(claimed)
+        Ok((claimed, record))
     }
 
     /// Step 1 over a window of `size` rows, for at most `want` rows; `None` if nothing

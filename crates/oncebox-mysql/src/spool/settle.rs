@@ -6,7 +6,9 @@ use oncebox_core::Result;
 use oncebox_core::spool::{LeaseToken, Settle, Settlement};
 use sqlx::mysql::MySqlConnection;
 
-use super::script::Script;
+use std::collections::HashSet;
+
+use super::script::{Script, ScriptTx};
 use super::{SpoolTable, sql};
 use crate::error::store_error;
 use crate::sql::{
@@ -28,31 +30,45 @@ impl SpoolTable {
         if settlements.is_empty() {
             return Ok(());
         }
-        let mut tx = begin_read_committed(&self.pool).await?;
+        let (mut tx, held) = self.begin_settle(token).await?;
         let mut script = Script::default();
-        self.settle_in(&mut tx, token, settlements, delete_done, &mut script)
+        self.settle_in(&mut tx, token, held, settlements, delete_done, &mut script)
             .await?;
-        script.run(&mut tx).await?;
-        tx.commit().await.map_err(store_error)
+        tx.commit(script).await?;
+        Ok(())
     }
 
-    /// The settle statements, in `conn`'s transaction: the claim's row is locked first,
-    /// and only the rows it still holds are settled (none if the claim is gone: its
-    /// lease ended and another claim took its place). The rows that failed (retried or
-    /// dead) are updated at once, in one statement, if there are any. Appended to
-    /// `script`, for the caller to run: one statement for the rows published (marked
-    /// done, or deleted with `delete_done`), then the claim's own, which keeps the rows
-    /// not settled or deletes the claim; released rows only leave the claim.
+    /// Starts a settlement's transaction, with the lock of claim `token`'s row in the
+    /// same request; returns the transaction and the rows the claim holds (`None` if the
+    /// claim is gone: its lease ended and another claim took its place).
+    pub(super) async fn begin_settle(
+        &self,
+        token: LeaseToken,
+    ) -> Result<(ScriptTx, Option<HashSet<i64>>)> {
+        let mut script = Script::default();
+        self.lock_claim(&mut script, &uuid_bytes(token.as_uuid()));
+        let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
+        let held = Self::held(results.first().map_or(&[], Vec::as_slice))?;
+        Ok((tx, held))
+    }
+
+    /// The settle statements of claim `token`, which [`begin_settle`](Self::begin_settle)
+    /// locked and found `held`: only the rows it still holds are settled, none if it is
+    /// gone. The rows that failed (retried or dead) are updated at once, in one
+    /// statement, if there are any. Appended to `script`, for the caller to run: one
+    /// statement for the rows published (marked done, or deleted with `delete_done`),
+    /// then the claim's own, which keeps the rows not settled or deletes the claim;
+    /// released rows only leave the claim.
     pub(super) async fn settle_in(
         &self,
         conn: &mut MySqlConnection,
         token: LeaseToken,
+        held: Option<HashSet<i64>>,
         settlements: &[Settlement],
         delete_done: bool,
         script: &mut Script,
     ) -> Result<()> {
-        let token = uuid_bytes(token.as_uuid());
-        let Some(mut held) = self.held(conn, &token).await? else {
+        let Some(mut held) = held else {
             tracing::debug!(table = self.sql.table, "claim gone: settlements ignored");
             return Ok(());
         };
@@ -98,7 +114,7 @@ impl SpoolTable {
         }
         let mut remaining: Vec<i64> = held.into_iter().collect();
         remaining.sort_unstable();
-        self.keep_claim(script, &token, &remaining);
+        self.keep_claim(script, &uuid_bytes(token.as_uuid()), &remaining);
         Ok(())
     }
 
