@@ -1,12 +1,11 @@
 //! Settling claimed rows, and retention.
 
+use std::collections::HashSet;
 use std::time::SystemTime;
 
 use oncebox_core::Result;
 use oncebox_core::spool::{LeaseToken, Settle, Settlement};
 use sqlx::mysql::MySqlConnection;
-
-use std::collections::HashSet;
 
 use super::script::{Script, ScriptTx};
 use super::{SpoolTable, sql};
