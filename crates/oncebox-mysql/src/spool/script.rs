@@ -121,6 +121,7 @@ impl ScriptTx {
         let mut tx = Self { conn, open: true };
         let mut begin = Script {
             sql: concat!("ROLLBACK; ", start_read_committed!()).to_owned(),
+            // `ROLLBACK`, `SET TRANSACTION` and `START TRANSACTION`.
             hidden: 3,
         };
         if !script.sql.is_empty() {
