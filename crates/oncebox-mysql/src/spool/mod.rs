@@ -176,9 +176,10 @@ impl SpoolTable {
     ) -> Result<Vec<Claimed<T>>> {
         // Before the claim lock, which other relays wait for: settling locks only the
         // row of claim `token`, and touches only the rows that claim holds.
-        let (mut tx, held) = self.begin_settle(token).await?;
+        let token = uuid_bytes(token.as_uuid());
+        let (mut tx, held) = self.begin_settle(&token).await?;
         let mut script = Script::default();
-        self.settle_in(&mut tx, token, held, settlements, delete_done, &mut script)
+        self.settle_in(&mut tx, &token, held, settlements, delete_done, &mut script)
             .await?;
         if request.limit == 0 {
             tx.commit(script).await?;

@@ -40,9 +40,6 @@ pub(super) enum Value<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Script {
     sql: String,
-    /// The statements at the start whose results are not the caller's: those that
-    /// start a transaction.
-    hidden: usize,
 }
 
 impl Script {
@@ -57,19 +54,19 @@ impl Script {
         if !self.sql.is_empty() {
             self.sql.push_str(";\n");
         }
-        let statement = if list.is_empty() {
-            statement.to_owned()
-        } else {
-            let list: Vec<String> = list.iter().map(i64::to_string).collect();
-            statement.replace(LIST, &list.join(", "))
-        };
+        // A statement has at most one list, between its two parts.
         let mut values = values.iter();
-        for (n, part) in statement.split('?').enumerate() {
+        for (n, part) in statement.split(LIST).enumerate() {
             if n > 0 {
-                let value = values.next().expect("a value for every `?`");
-                write_value(&mut self.sql, *value);
+                write_seqs(&mut self.sql, list);
             }
-            self.sql.push_str(part);
+            for (n, piece) in part.split('?').enumerate() {
+                if n > 0 {
+                    let value = values.next().expect("a value for every `?`");
+                    write_value(&mut self.sql, *value);
+                }
+                self.sql.push_str(piece);
+            }
         }
         assert!(values.next().is_none(), "a `?` for every value");
     }
@@ -81,7 +78,6 @@ impl Script {
         if self.sql.is_empty() {
             return Ok(results);
         }
-        let hidden = self.hidden;
         let mut rows = Vec::new();
         let mut stream = sqlx::raw_sql(sqlx::AssertSqlSafe(self.sql)).fetch_many(conn);
         while let Some(step) = stream.try_next().await.map_err(store_error)? {
@@ -91,7 +87,6 @@ impl Script {
                 Either::Left(_) => results.push(std::mem::take(&mut rows)),
             }
         }
-        results.drain(..hidden.min(results.len()));
         Ok(results)
     }
 }
@@ -121,14 +116,14 @@ impl ScriptTx {
         let mut tx = Self { conn, open: true };
         let mut begin = Script {
             sql: concat!("ROLLBACK; ", start_read_committed!()).to_owned(),
-            // `ROLLBACK`, `SET TRANSACTION` and `START TRANSACTION`.
-            hidden: 3,
         };
         if !script.sql.is_empty() {
             begin.sql.push_str(";\n");
             begin.sql.push_str(&script.sql);
         }
-        let results = begin.run(&mut tx.conn).await?;
+        let mut results = begin.run(&mut tx.conn).await?;
+        // Those of `ROLLBACK`, `SET TRANSACTION` and `START TRANSACTION`.
+        results.drain(..3);
         Ok((tx, results))
     }
 
@@ -179,11 +174,16 @@ fn write_value(sql: &mut String, value: Value<'_>) {
         }
         Value::Seqs(seqs) => {
             sql.push_str("'[");
-            for (n, seq) in seqs.iter().enumerate() {
-                let _ = write!(sql, "{}{seq}", if n == 0 { "" } else { "," });
-            }
+            write_seqs(sql, seqs);
             sql.push_str("]'");
         }
+    }
+}
+
+/// `seqs` in decimal, separated by commas.
+fn write_seqs(sql: &mut String, seqs: &[i64]) {
+    for (n, seq) in seqs.iter().enumerate() {
+        let _ = write!(sql, "{}{seq}", if n == 0 { "" } else { "," });
     }
 }
 
@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(
             script.sql,
             "SELECT -7 FROM t WHERE a = X'612700';\n\
-             DELETE FROM t WHERE seq IN (3, -4) AND k = X'' AND s = '[1,-2]'"
+             DELETE FROM t WHERE seq IN (3,-4) AND k = X'' AND s = '[1,-2]'"
         );
     }
 

@@ -29,9 +29,10 @@ impl SpoolTable {
         if settlements.is_empty() {
             return Ok(());
         }
-        let (mut tx, held) = self.begin_settle(token).await?;
+        let token = uuid_bytes(token.as_uuid());
+        let (mut tx, held) = self.begin_settle(&token).await?;
         let mut script = Script::default();
-        self.settle_in(&mut tx, token, held, settlements, delete_done, &mut script)
+        self.settle_in(&mut tx, &token, held, settlements, delete_done, &mut script)
             .await?;
         tx.commit(script).await?;
         Ok(())
@@ -42,10 +43,10 @@ impl SpoolTable {
     /// claim is gone: its lease ended and another claim took its place).
     pub(super) async fn begin_settle(
         &self,
-        token: LeaseToken,
+        token: &[u8],
     ) -> Result<(ScriptTx, Option<HashSet<i64>>)> {
         let mut script = Script::default();
-        self.lock_claim(&mut script, &uuid_bytes(token.as_uuid()));
+        self.lock_claim(&mut script, token);
         let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
         let held = Self::held(results.first().map_or(&[], Vec::as_slice))?;
         Ok((tx, held))
@@ -61,7 +62,7 @@ impl SpoolTable {
     pub(super) async fn settle_in(
         &self,
         conn: &mut MySqlConnection,
-        token: LeaseToken,
+        token: &[u8],
         held: Option<HashSet<i64>>,
         settlements: &[Settlement],
         delete_done: bool,
@@ -113,7 +114,7 @@ impl SpoolTable {
         }
         let mut remaining: Vec<i64> = held.into_iter().collect();
         remaining.sort_unstable();
-        self.keep_claim(script, &uuid_bytes(token.as_uuid()), &remaining);
+        self.keep_claim(script, token, &remaining);
         Ok(())
     }
 
