@@ -398,6 +398,35 @@ async fn settle_and_claim_sees_its_settlements() {
     }
 }
 
+/// A claim's window, read in the request that reads the claims, passes over the rows of
+/// this process's live claims. Once one of them has ended, the claims read disagree
+/// with what the process remembers: the window is read again, and the ended claim's
+/// rows are claimed again.
+#[tokio::test(flavor = "multi_thread")]
+async fn windows_pass_over_own_claims_until_they_end() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let messages: Vec<Message> = (0..6)
+        .map(|n| msg(Some(&format!("k{n}")), &format!("m{n}")))
+        .collect();
+    enqueue(&outbox, &db.store, &messages).await;
+
+    let (_, first) = claim(&outbox, 2, Duration::from_millis(200)).await;
+    assert_eq!(labels(&first), ["m0", "m1"]);
+    let (_, second) = claim(&outbox, 2, LONG).await;
+    assert_eq!(labels(&second), ["m2", "m3"], "the first claim's rows passed over");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, third) = claim(&outbox, 2, LONG).await;
+    assert_eq!(
+        labels(&third),
+        ["m0", "m1"],
+        "the ended claim's rows are claimed again, the live one's passed over"
+    );
+    let (_, fourth) = claim(&outbox, 2, LONG).await;
+    assert_eq!(labels(&fourth), ["m4", "m5"]);
+}
+
 /// On a table of 200,000 pending rows, the claim's first step reads the head of the
 /// pending index and finds the picked rows by primary key: no scan of the table, no
 /// sort. Prints the plans (the crate docs quote them).

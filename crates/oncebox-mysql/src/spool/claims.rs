@@ -11,10 +11,12 @@
 //! relay deleted changes nothing. The claimer's delete waits for a settlement in flight,
 //! so it never takes rows that settlement is about to change.
 //!
-//! A process also remembers the keys of the claims it made ([`OwnClaims`]). Those
-//! claims' rows need not be read again by the next claim's window: a pipelining relay
-//! claims its next batch while the last one is still held, and would otherwise read
-//! every held row only to learn its key.
+//! A process also remembers the rows and keys of the claims it made ([`OwnClaims`]).
+//! Those claims' rows need not be read again by the next claim's window: a pipelining
+//! relay claims its next batch while the last one is still held, and would otherwise
+//! read every held row only to learn its key. And since the process knows which rows
+//! its window will pass over, the window can be read in the same request as the
+//! claims (see `ReadAhead`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,9 +38,8 @@ pub(super) struct Held {
     /// The rows of this process's own claims, in `seq` order: the window passes over
     /// them, as [`keys`](Self::holds_key) stands in for what reading them would tell.
     skip: Vec<i64>,
-    /// The keys of those rows, a set per claim (a superset: a claim only loses rows
-    /// after it is made).
-    keys: Vec<Arc<HashSet<Vec<u8>>>>,
+    /// Those claims, whose keys stand for the rows passed over.
+    own: Vec<Arc<OwnClaim>>,
 }
 
 impl Held {
@@ -49,7 +50,7 @@ impl Held {
     /// Whether a row of `key` is held by one of this process's claims, whose rows the
     /// window did not read.
     pub(super) fn holds_key(&self, key: &[u8]) -> bool {
-        self.keys.iter().any(|keys| keys.contains(key))
+        self.own.iter().any(|claim| claim.keys.contains(key))
     }
 
     /// The held rows the window need not read, in `seq` order.
@@ -67,34 +68,69 @@ impl Held {
     }
 }
 
-/// The keys of the live claims this process made on one spool, by token; shared by the
-/// clones of a [`SpoolTable`].
+/// The live claims this process made on one spool, by token; shared by the clones of a
+/// [`SpoolTable`].
 ///
-/// Only the process that made a claim records rows in it, so the keys it remembers
-/// cover every row the claim holds. A claim that failed to commit, or that ended, is
+/// Only the process that made a claim records rows in it, so what it remembers covers
+/// every row the claim holds. A claim that failed to commit, or that ended, is
 /// forgotten at the next claim, which no longer finds it among the live claims.
 #[derive(Debug, Default)]
-pub(super) struct OwnClaims(Mutex<KeysByToken>);
+pub(super) struct OwnClaims(Mutex<ClaimsByToken>);
 
-/// The keys of claims' rows, by the claims' tokens.
-type KeysByToken = HashMap<Vec<u8>, Arc<HashSet<Vec<u8>>>>;
+/// Claims this process made, by token.
+type ClaimsByToken = HashMap<Vec<u8>, Arc<OwnClaim>>;
+
+/// What a process remembers of a claim it made.
+#[derive(Debug)]
+pub(super) struct OwnClaim {
+    /// The rows the claim holds, as far as this process knows: those it took, less those
+    /// settled since.
+    seqs: Vec<i64>,
+    /// The keys of the rows it took (a superset after a settlement: a claim only loses
+    /// rows after it is made).
+    keys: HashSet<Vec<u8>>,
+}
 
 impl OwnClaims {
-    /// Remembers the `keys` of the rows of the claim `token` (rows without a key add
-    /// none).
-    pub(super) fn remember(&self, token: Vec<u8>, keys: HashSet<Vec<u8>>) {
-        self.lock().insert(token, Arc::new(keys));
+    /// Remembers that the claim `token` holds `seqs`, whose keys are `keys` (rows
+    /// without a key add none).
+    pub(super) fn remember(&self, token: Vec<u8>, seqs: Vec<i64>, keys: HashSet<Vec<u8>>) {
+        self.lock().insert(token, Arc::new(OwnClaim { seqs, keys }));
     }
 
-    /// Forgets every claim but the `live` ones; returns the keys of those it remembers,
-    /// by token.
-    fn keep(&self, live: &HashSet<&[u8]>) -> KeysByToken {
+    /// After a settlement of claim `token`: it holds only the `remaining` rows.
+    pub(super) fn settled(&self, token: &[u8], remaining: &[i64]) {
+        let mut own = self.lock();
+        if remaining.is_empty() {
+            own.remove(token);
+        } else if let Some(claim) = own.get_mut(token) {
+            *claim = Arc::new(OwnClaim {
+                seqs: remaining.to_vec(),
+                keys: claim.keys.clone(),
+            });
+        }
+    }
+
+    /// The rows of the claims this process believes live, in `seq` order: what the next
+    /// window passes over if the claims read under the claim lock agree.
+    pub(super) fn skip(&self) -> Vec<i64> {
+        let mut skip: Vec<i64> = self
+            .lock()
+            .values()
+            .flat_map(|claim| claim.seqs.iter().copied())
+            .collect();
+        skip.sort_unstable();
+        skip
+    }
+
+    /// Forgets every claim but the `live` ones; returns those it remembers, by token.
+    fn keep(&self, live: &HashSet<&[u8]>) -> ClaimsByToken {
         let mut own = self.lock();
         own.retain(|token, _| live.contains(token.as_slice()));
         own.clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeysByToken> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ClaimsByToken> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -136,9 +172,9 @@ impl SpoolTable {
         let tokens: HashSet<&[u8]> = live.iter().map(|(token, _)| token.as_slice()).collect();
         let own = self.own.keep(&tokens);
         for (token, seqs) in &live {
-            if let Some(keys) = own.get(token) {
+            if let Some(claim) = own.get(token) {
                 held.skip.extend(seqs);
-                held.keys.push(Arc::clone(keys));
+                held.own.push(Arc::clone(claim));
             }
             held.seqs.extend(seqs);
         }

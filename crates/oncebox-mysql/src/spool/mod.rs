@@ -146,18 +146,35 @@ impl SpoolTable {
             return Ok(Vec::new());
         }
         let mut script = Script::default();
-        self.lock_and_read_claims(&mut script);
-        let (mut tx, mut results) = ScriptTx::begin(&self.pool, script).await?;
-        let claims = results.pop().unwrap_or_default();
-        let (rows, record) = self.claim_in(&mut tx, &claims, request).await?;
+        let ahead = self.lock_and_read(&mut script, request.limit);
+        let (mut tx, results) = ScriptTx::begin(&self.pool, script).await?;
+        let (claims, window) = ahead.split(results);
+        let (rows, record) = self.claim_in(&mut tx, &claims, window, request).await?;
         tx.commit(record).await?;
         Ok(self.decode_all(request.token, rows).await)
     }
 
+    /// Appends to `script` the claim lock, the read of the spool's claims and step 1's
+    /// first window for a claim of `limit` rows, read ahead (see [`ReadAhead`]).
+    fn lock_and_read(&self, script: &mut Script, limit: usize) -> ReadAhead {
+        self.lock_and_read_claims(script);
+        let size = self.window(limit);
+        let skip = self.own.skip();
+        let mut values = self.scope_values();
+        values.push(Value::Int(sql_limit(size)));
+        if skip.is_empty() {
+            script.push(&self.sql.window, &[], &values);
+        } else {
+            let list = &skip[..skip.len().min(MAX_LIST)];
+            script.push(&self.sql.window_skipping, list, &values);
+        }
+        ReadAhead { size, skip }
+    }
+
     /// Settles the rows of claim `token`, then claims, in two transactions whose
-    /// statements between the settle's lock of its claim and the claim's window travel
+    /// statements between the settle's lock of its claim and the claim's record travel
     /// in one request: the settle's updates, its commit, the next transaction's start,
-    /// the claim lock and the read of the live claims.
+    /// the claim lock, the read of the live claims and the claim's window.
     ///
     /// Two transactions, not one: the window then reads index pages whose last change
     /// has committed. Read in the transaction that just deleted or updated the last
@@ -186,32 +203,47 @@ impl SpoolTable {
             return Ok(Vec::new());
         }
         script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
-        self.lock_and_read_claims(&mut script);
-        let claims = script.run(&mut tx).await?.pop().unwrap_or_default();
-        let (rows, record) = self.claim_in(&mut tx, &claims, request).await?;
+        let ahead = self.lock_and_read(&mut script, request.limit);
+        let (claims, window) = ahead.split(script.run(&mut tx).await?);
+        let (rows, record) = self.claim_in(&mut tx, &claims, window, request).await?;
         tx.commit(record).await?;
         Ok(self.decode_all(request.token, rows).await)
     }
 
     /// The claim's statements in `conn`'s transaction, under the claim lock, from the
-    /// spool's `claims` read under it: step 1 and, if needed, step 2. Returns the
-    /// claimed rows, not yet decoded, and the claim's record, for the caller to run
-    /// with its commit.
+    /// spool's `claims` and step 1's first `window`, read under it: step 1 and, if
+    /// needed, step 2. Returns the claimed rows, not yet decoded, and the claim's record,
+    /// for the caller to run with its commit.
     async fn claim_in(
         &self,
         conn: &mut MySqlConnection,
         claims: &[MySqlRow],
+        window: Window,
         request: &ClaimRequest,
     ) -> Result<(Vec<(i64, MySqlRow)>, Script)> {
         let mut held = self.live_claims(conn, claims).await?;
         let (_, high) = window_bounds(request.limit);
-        let mut size = self.window(request.limit);
+        let mut size = window.size;
+        let mut window = if window.skip == held.skip() {
+            Some(window)
+        } else {
+            tracing::debug!(
+                table = self.sql.table,
+                "the window read ahead passed over other rows than this process's live \
+                 claims hold: read again"
+            );
+            None
+        };
         let mut claimed = Vec::new();
         let mut keys = HashSet::new();
         let mut now = None;
         loop {
             let want = request.limit.saturating_sub(claimed.len());
-            let Some(step) = self.step_one(conn, size, want, &held, &mut keys).await? else {
+            let rows = match window.take() {
+                Some(window) => window.rows,
+                None => self.read_window(conn, size, &held).await?,
+            };
+            let Some(step) = step_one(rows, size, want, &held, &mut keys)? else {
                 break;
             };
             now = Some(step.now);
@@ -241,26 +273,24 @@ impl SpoolTable {
             let until = now.saturating_add(duration_ms(request.lease).max(1));
             let token = uuid_bytes(request.token.as_uuid());
             self.record_claim(&mut record, &token, until, &seqs);
-            self.own.remember(token, keys);
+            self.own.remember(token, seqs, keys);
         }
         Ok((claimed, record))
     }
 
-    /// Step 1 over a window of `size` rows, for at most `want` rows; `None` if nothing
-    /// is pending. Adds the keys of the rows it takes to `keys`.
+    /// Step 1's window of `size` rows: the first pending rows, passing over those of
+    /// this process's live claims.
     ///
     /// The window is one read, under the claim lock, of everything the rule needs and of
     /// the rows themselves: the rows it picks are taken as read. Nothing else changes a
     /// pending row that no live claim holds while the claim lock is held, so a second,
     /// locking read of them would find what the first found.
-    async fn step_one(
+    async fn read_window(
         &self,
         conn: &mut MySqlConnection,
         size: usize,
-        want: usize,
         held: &Held,
-        keys: &mut HashSet<Vec<u8>>,
-    ) -> Result<Option<StepOne>> {
+    ) -> Result<Vec<MySqlRow>> {
         // Any part of them will do: rows not passed over are read, and count as held.
         let skip = &held.skip()[..held.skip().len().min(MAX_LIST)];
         let read = if skip.is_empty() {
@@ -269,39 +299,10 @@ impl SpoolTable {
             let statement = with_list(&self.sql.window_skipping, skip.len());
             bind_list(self.scoped(query_owned(statement)), skip)
         };
-        let rows = read
-            .bind(sql_limit(size))
+        read.bind(sql_limit(size))
             .fetch_all(&mut *conn)
             .await
-            .map_err(store_error)?;
-        let Some(first) = rows.first() else {
-            return Ok(None);
-        };
-        let now: i64 = first.try_get("now_ms").map_err(store_error)?;
-        let window = rows
-            .iter()
-            .map(|row| pending(row, held))
-            .collect::<Result<Vec<_>>>()?;
-        let picked: HashSet<i64> = rule::pick(&window, now, want)
-            .into_iter()
-            .map(|row| row.seq)
-            .collect();
-        let full = window.len() >= size;
-        let mut used = 0;
-        let mut taken = Vec::with_capacity(picked.len());
-        for (n, (row, read)) in window.into_iter().zip(rows).enumerate() {
-            if picked.contains(&row.seq) {
-                used = n + 1;
-                keys.extend(row.key);
-                taken.push((row.seq, read));
-            }
-        }
-        Ok(Some(StepOne {
-            taken,
-            now,
-            used,
-            full,
-        }))
+            .map_err(store_error)
     }
 
     /// Locks the `picked` rows that are still pending and due (skipping rows other
@@ -469,6 +470,82 @@ impl SpoolTable {
             );
         }
     }
+}
+
+/// Step 1 over the `rows` of a window of `size` rows, for at most `want` rows;
+/// `None` if nothing is pending. Adds the keys of the rows it takes to `keys`.
+fn step_one(
+    rows: Vec<MySqlRow>,
+    size: usize,
+    want: usize,
+    held: &Held,
+    keys: &mut HashSet<Vec<u8>>,
+) -> Result<Option<StepOne>> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let now: i64 = first.try_get("now_ms").map_err(store_error)?;
+    let window = rows
+        .iter()
+        .map(|row| pending(row, held))
+        .collect::<Result<Vec<_>>>()?;
+    let picked: HashSet<i64> = rule::pick(&window, now, want)
+        .into_iter()
+        .map(|row| row.seq)
+        .collect();
+    let full = window.len() >= size;
+    let mut used = 0;
+    let mut taken = Vec::with_capacity(picked.len());
+    for (n, (row, read)) in window.into_iter().zip(rows).enumerate() {
+        if picked.contains(&row.seq) {
+            used = n + 1;
+            keys.extend(row.key);
+            taken.push((row.seq, read));
+        }
+    }
+    Ok(Some(StepOne {
+        taken,
+        now,
+        used,
+        full,
+    }))
+}
+
+/// Step 1's first window, read ahead: in the request that reads the spool's claims,
+/// after the claim lock.
+///
+/// The window passes over the rows of this process's live claims, which a claim
+/// otherwise learns only from the claims it reads. The process remembers its claims
+/// ([`OwnClaims`]): the window read ahead passes over the rows of those it believes
+/// live, and is used if the claims read with it agree, which spares the claim a round
+/// trip. If they do not (a claim of this process ended, or failed to commit), the
+/// window is read again. Either way it is read under the claim lock.
+struct ReadAhead {
+    /// The rows asked for.
+    size: usize,
+    /// The rows passed over, in `seq` order.
+    skip: Vec<i64>,
+}
+
+impl ReadAhead {
+    /// The rows of the claims, and the window read ahead, from the `results` of the
+    /// request that [`SpoolTable::lock_and_read`] ended.
+    fn split(self, mut results: Vec<Vec<MySqlRow>>) -> (Vec<MySqlRow>, Window) {
+        let rows = results.pop().unwrap_or_default();
+        let window = Window {
+            size: self.size,
+            skip: self.skip,
+            rows,
+        };
+        (results.pop().unwrap_or_default(), window)
+    }
+}
+
+/// A window of step 1 read ahead, as [`ReadAhead`] asked for it.
+struct Window {
+    size: usize,
+    skip: Vec<i64>,
+    rows: Vec<MySqlRow>,
 }
 
 /// What one pass of step 1 did.

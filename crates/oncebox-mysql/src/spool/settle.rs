@@ -70,6 +70,7 @@ impl SpoolTable {
     ) -> Result<()> {
         let Some(mut held) = held else {
             tracing::debug!(table = self.sql.table, "claim gone: settlements ignored");
+            self.own.settled(token, &[]);
             return Ok(());
         };
         let mut done = Vec::new();
@@ -115,6 +116,8 @@ impl SpoolTable {
         let mut remaining: Vec<i64> = held.into_iter().collect();
         remaining.sort_unstable();
         self.keep_claim(script, token, &remaining);
+        // Before the commit: the next claim's window may travel in the same request.
+        self.own.settled(token, &remaining);
         Ok(())
     }
 
