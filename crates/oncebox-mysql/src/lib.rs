@@ -162,11 +162,14 @@
 //!    pending row of a key in the window; the rows live claims hold are known from
 //!    their `seqs`), and the rows picked are the claim's. The window passes over the
 //!    rows of the process's own live claims (`seq NOT IN (...)`, decided on the index
-//!    entry, before the lookup): it remembers their keys, which is all that reading
-//!    them would tell the rule. A relay that claims its next batch while publishing
-//!    one (pipelining) would otherwise read every row of that batch again. A window
-//!    that was full and yielded too few rows (other relays hold more of the head than
-//!    it covered) is read again at the upper bound, in the same claim.
+//!    entry, before the lookup): it remembers their rows and keys, and the keys are all
+//!    that reading the rows would tell the rule. A relay that claims its next batch
+//!    while publishing one (pipelining) would otherwise read every row of that batch
+//!    again. Because the process knows which rows it will pass over, the window is
+//!    read in the same request as the claims; if the claims read with it disagree
+//!    with what the process remembers (one of its claims ended), it is read again. A
+//!    window that was full and yielded too few rows (other relays hold more of the
+//!    head than it covered) is read again at the upper bound, in the same claim.
 //! 2. Only when even that window held fewer free rows than asked for, **step 2**
 //!    probes keys one at a time in key order on the `(status, key, seq)` index, from a
 //!    cursor that moves on with every claim, until it has found as many keys with a free
@@ -184,20 +187,26 @@
 //! Lists of rows are bound as `IN (?, ?, ...)`, padded to a power of two so that a
 //! handful of prepared statements serve every batch. Statements that need nothing from
 //! the one before them are sent together, in one request: the start of the transaction
-//! with the first statement, the claim lock with the read of the claims (after the
-//! settlement's updates when the relay settles and claims at once), the claim's record
-//! with the commit. A round trip costs about 0.1 ms on a loaded host, more than most of
-//! those statements take to run; a relay's batch makes four instead of nine. Such
-//! requests use the text protocol, with values written as literals (integers in
-//! decimal, bytes in hexadecimal). A claim or settlement dropped before its commit
-//! closes its connection, so that the server rolls it back. The plans are in
+//! with the first statement, the claim lock with the read of the claims and the window
+//! (after the settlement's updates when the relay settles and claims at once), the
+//! claim's record with the commit. A round trip costs about 0.1 ms on a loaded host,
+//! more than most of those statements take to run; a relay's batch makes three instead
+//! of nine. Such requests use the text protocol, with values written as literals
+//! (integers in decimal, bytes in hexadecimal). A claim or settlement dropped before
+//! its commit closes its connection, so that the server rolls it back. The plans are in
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]
 //! shows them on your data.
 //!
 //! Settling first locks the claim's row (`SELECT ... FOR UPDATE`) and settles only the
 //! rows it still holds; a claim that is gone (its lease ended, and a later claim deleted
 //! it) settles nothing, and a claimer deleting an ended claim waits for a settlement of
-//! it in flight. Then one statement per kind of outcome: published rows (`UPDATE ...
+//! it in flight. A process settling a claim it made skips that read: it knows the rows
+//! it wrote to the claim, and the claim's own statement comes first, applying only if
+//! the claim's `seqs` are still exactly those (`... WHERE spool = ? AND token = ? AND
+//! seqs = ?`, which locks the row as the read would). Whether it applied is kept in a
+//! user variable, `@oncebox_settled`, that the statements on the rows test (the
+//! optimizer reads it as a constant); if it did not, nothing changed, and the
+//! settlement starts again with the read. Then one statement per kind of outcome: published rows (`UPDATE ...
 //! WHERE seq IN (...)`, or `DELETE` with [`MySqlOutbox::delete_on_publish`]) and failed
 //! rows (one `UPDATE` joined to a `JSON_TABLE` of the failures, each with its own retry
 //! time and error); released rows only leave the claim. The claim keeps the rows not

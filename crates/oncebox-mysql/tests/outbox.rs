@@ -414,7 +414,11 @@ async fn windows_pass_over_own_claims_until_they_end() {
     let (_, first) = claim(&outbox, 2, Duration::from_millis(200)).await;
     assert_eq!(labels(&first), ["m0", "m1"]);
     let (_, second) = claim(&outbox, 2, LONG).await;
-    assert_eq!(labels(&second), ["m2", "m3"], "the first claim's rows passed over");
+    assert_eq!(
+        labels(&second),
+        ["m2", "m3"],
+        "the first claim's rows passed over"
+    );
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, third) = claim(&outbox, 2, LONG).await;
@@ -425,6 +429,53 @@ async fn windows_pass_over_own_claims_until_they_end() {
     );
     let (_, fourth) = claim(&outbox, 2, LONG).await;
     assert_eq!(labels(&fourth), ["m4", "m5"]);
+}
+
+/// A relay settles a claim it made without reading the claim first, the claim's own
+/// statement guarding the others. Once the claim has ended and another relay took its
+/// rows, neither `settle_and_claim` nor `settle` changes them, and the other relay
+/// settles them.
+#[tokio::test(flavor = "multi_thread")]
+async fn remembered_claims_that_ended_settle_nothing() {
+    use oncebox_core::spool::{ClaimRequest, LeaseToken};
+
+    let db = TestDb::new().await;
+    let ours = db.store.outbox();
+    let theirs = db.store.outbox();
+    let messages = [msg(Some("a"), "a1"), msg(Some("b"), "b1")];
+    enqueue(&ours, &db.store, &messages).await;
+    let short = Duration::from_millis(200);
+    let (first, a) = claim(&ours, 1, short).await;
+    let (second, b) = claim(&ours, 1, short).await;
+    assert_eq!(
+        (labels(&a), labels(&b)),
+        (vec!["a1".to_owned()], vec!["b1".to_owned()])
+    );
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (token, taken) = claim(&theirs, 10, LONG).await;
+    assert_eq!(labels(&taken), ["a1", "b1"], "the ended claims' rows");
+    let request = ClaimRequest {
+        token: LeaseToken::new(),
+        limit: 10,
+        lease: LONG,
+    };
+    let next = ours
+        .settle_and_claim(first, &done(&a), &request)
+        .await
+        .expect("settle and claim");
+    assert!(next.is_empty(), "got {:?}", labels(&next));
+    ours.settle(second, &done(&b)).await.expect("settle");
+    let stats = ours.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.done), (2, 0), "nothing settled");
+
+    theirs.settle(token, &done(&taken)).await.expect("settle");
+    let stats = ours.stats().await.expect("stats");
+    assert_eq!(
+        (stats.pending, stats.done),
+        (0, 2),
+        "settled by their claim"
+    );
 }
 
 /// On a table of 200,000 pending rows, the claim's first step reads the head of the

@@ -265,8 +265,8 @@ impl SpoolStore for MySqlOutbox {
     }
 
     /// Settles, then claims as [`claim`](Self::claim) does, in two transactions with one
-    /// request between them: the settlement's updates and commit, and the claim's lock
-    /// and read of the live claims (see the crate docs, "Claiming").
+    /// request between them: the settlement's updates and commit, and the claim's lock,
+    /// read of the live claims and window (see the crate docs, "Claiming").
     async fn settle_and_claim(
         &self,
         token: LeaseToken,

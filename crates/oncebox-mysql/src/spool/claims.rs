@@ -26,8 +26,8 @@ use oncebox_core::{Error, Result};
 use sqlx::Row;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
-use super::SpoolTable;
 use super::script::{Script, Value};
+use super::{SpoolTable, sql};
 use crate::error::{RowReader, store_error};
 use crate::sql::{query, uuid_bytes};
 
@@ -109,6 +109,12 @@ impl OwnClaims {
                 keys: claim.keys.clone(),
             });
         }
+    }
+
+    /// The rows the claim `token` holds as this process remembers them, in the order it
+    /// wrote them; `None` if it does not remember the claim.
+    pub(super) fn seqs(&self, token: &[u8]) -> Option<Vec<i64>> {
+        self.lock().get(token).map(|claim| claim.seqs.clone())
     }
 
     /// The rows of the claims this process believes live, in `seq` order: what the next
@@ -273,6 +279,34 @@ impl SpoolTable {
                 ],
             );
         }
+    }
+
+    /// As [`keep_claim`](Self::keep_claim), if the claim `token` holds exactly the rows
+    /// `written`, as this process wrote them; followed by the record of whether it did
+    /// ([`sql::SETTLED`]).
+    pub(super) fn keep_claim_if(
+        &self,
+        script: &mut Script,
+        token: &[u8],
+        written: &[i64],
+        remaining: &[i64],
+    ) {
+        let spool = Value::Bytes(self.lock_name.as_bytes());
+        let token = Value::Bytes(token);
+        if remaining.is_empty() {
+            script.push(
+                &self.sql.drop_claim_if,
+                &[],
+                &[spool, token, Value::Seqs(written)],
+            );
+        } else {
+            script.push(
+                &self.sql.shrink_claim_if,
+                &[],
+                &[Value::Seqs(remaining), spool, token, Value::Seqs(written)],
+            );
+        }
+        script.push(sql::SETTLED, &[], &[]);
     }
 }
 

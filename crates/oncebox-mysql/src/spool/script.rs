@@ -40,9 +40,17 @@ pub(super) enum Value<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Script {
     sql: String,
+    /// Statements pushed.
+    len: usize,
 }
 
 impl Script {
+    /// The number of statements pushed so far: the index, in [`run`](Self::run)'s
+    /// results, of the next one's rows.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Appends `statement` with its `{list}` (if any) filled with `list`, and its `?`
     /// places, in order, with `values`.
     ///
@@ -54,6 +62,7 @@ impl Script {
         if !self.sql.is_empty() {
             self.sql.push_str(";\n");
         }
+        self.len += 1;
         // A statement has at most one list, between its two parts.
         let mut values = values.iter();
         for (n, part) in statement.split(LIST).enumerate() {
@@ -116,10 +125,12 @@ impl ScriptTx {
         let mut tx = Self { conn, open: true };
         let mut begin = Script {
             sql: concat!("ROLLBACK; ", start_read_committed!()).to_owned(),
+            len: 3,
         };
         if !script.sql.is_empty() {
             begin.sql.push_str(";\n");
             begin.sql.push_str(&script.sql);
+            begin.len += script.len;
         }
         let mut results = begin.run(&mut tx.conn).await?;
         // Those of `ROLLBACK`, `SET TRANSACTION` and `START TRANSACTION`.
@@ -135,6 +146,25 @@ impl ScriptTx {
         results.pop();
         self.open = false;
         Ok(results)
+    }
+
+    /// A transaction of `script` alone: starts, runs it and commits, in one request;
+    /// returns the rows of `script`'s statements.
+    pub(super) async fn once(pool: &MySqlPool, mut script: Script) -> Result<Vec<Vec<MySqlRow>>> {
+        script.push("COMMIT", &[], &[]);
+        let (mut tx, mut results) = Self::begin(pool, script).await?;
+        results.pop();
+        tx.open = false;
+        Ok(results)
+    }
+
+    /// Rolls the transaction back.
+    pub(super) async fn rollback(mut self) -> Result<()> {
+        let mut script = Script::default();
+        script.push("ROLLBACK", &[], &[]);
+        script.run(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
     }
 }
 

@@ -5,6 +5,15 @@
 
 use crate::sql::{LIST, NOW_MS};
 
+/// Records, after a `shrink_claim_if` or `drop_claim_if`, whether it changed the claim:
+/// the `_if_settled` statements apply only then. A user variable of the connection, set
+/// before every use; the optimizer reads it as a constant, so a statement whose claim
+/// was not changed touches no row.
+pub(crate) const SETTLED: &str = "SET @oncebox_settled = ROW_COUNT()";
+
+/// `settled`: whether the last [`SETTLED`] recorded a changed claim (1) or not (0).
+pub(crate) const READ_SETTLED: &str = "SELECT @oncebox_settled AS settled";
+
 /// The outbox and the durable inbox share their bookkeeping columns; they differ in
 /// table, scope and the columns of their items.
 #[derive(Debug, Clone, Copy)]
@@ -66,10 +75,20 @@ pub(crate) struct SpoolSql {
     pub(crate) shrink_claim: String,
     /// `?` spool, `?` token: a claim left with no rows.
     pub(crate) drop_claim: String,
+    /// As `shrink_claim`, if the claim holds the rows of `?` seqs (JSON, as written)
+    /// and no others; [`SETTLED`] records whether it did.
+    pub(crate) shrink_claim_if: String,
+    /// As `drop_claim`, if the claim holds the rows of `?` seqs (JSON, as written) and no
+    /// others; [`SETTLED`] records whether it did.
+    pub(crate) drop_claim_if: String,
     /// `{list}` seqs, `[scope]`: marks rows published.
     pub(crate) done: String,
     /// `{list}` seqs, `[scope]`: deletes rows published.
     pub(crate) delete_done: String,
+    /// As `done`, if [`SETTLED`] recorded that the claim was changed.
+    pub(crate) done_if_settled: String,
+    /// As `delete_done`, if [`SETTLED`] recorded that the claim was changed.
+    pub(crate) delete_done_if_settled: String,
     /// `?` failures (`[[seq, op, delay_ms, error], ...]`, ops retry and dead),
     /// `[scope]`.
     pub(crate) fail: String,
@@ -140,11 +159,23 @@ LIMIT ?"
             shrink_claim: "UPDATE oncebox_claims SET seqs = ? WHERE spool = ? AND token = ?"
                 .to_owned(),
             drop_claim: "DELETE FROM oncebox_claims WHERE spool = ? AND token = ?".to_owned(),
+            shrink_claim_if: "UPDATE oncebox_claims SET seqs = ?
+WHERE spool = ? AND token = ? AND seqs = ?"
+                .to_owned(),
+            drop_claim_if: "DELETE FROM oncebox_claims WHERE spool = ? AND token = ? AND seqs = ?"
+                .to_owned(),
             done: format!(
                 "UPDATE {table} SET status = {DONE}, done_at = {NOW_MS}
 WHERE seq IN ({LIST}) AND {pending}"
             ),
             delete_done: format!("DELETE FROM {table} WHERE seq IN ({LIST}) AND {pending}"),
+            done_if_settled: format!(
+                "UPDATE {table} SET status = {DONE}, done_at = {NOW_MS}
+WHERE seq IN ({LIST}) AND {pending} AND @oncebox_settled > 0"
+            ),
+            delete_done_if_settled: format!(
+                "DELETE FROM {table} WHERE seq IN ({LIST}) AND {pending} AND @oncebox_settled > 0"
+            ),
             fail: fail(layout),
             purge: format!(
                 "DELETE FROM {table}
