@@ -523,15 +523,17 @@ fn step_one(
         .iter()
         .map(|row| pending(row, held))
         .collect::<Result<Vec<_>>>()?;
-    let picked: HashSet<i64> = rule::pick(&window, now, want)
+    // In window order, as the window is in `seq` order.
+    let picked: Vec<i64> = rule::pick(&window, now, want)
         .into_iter()
         .map(|row| row.seq)
         .collect();
     let full = window.len() >= size;
     let mut used = 0;
     let mut taken = Vec::with_capacity(picked.len());
+    let mut picked = picked.into_iter().peekable();
     for (n, (row, read)) in window.into_iter().zip(rows).enumerate() {
-        if picked.contains(&row.seq) {
+        if picked.next_if_eq(&row.seq).is_some() {
             used = n + 1;
             keys.extend(row.key);
             taken.push((row.seq, read));
@@ -622,18 +624,19 @@ fn next_window(limit: usize, used: usize, short: bool) -> usize {
     }
 }
 
-/// A pending row's bookkeeping, from a statement returning `seq`, `k` and
-/// `available_at`, and whether a live claim holds it. A row of a key that one of this
-/// process's claims holds counts as held too: the window may have passed over that
-/// claim's rows, which would have told the rule so.
+/// A pending row's bookkeeping, from a statement whose first columns are `seq`, `k`
+/// and `available_at` (read by position: this runs for every row of every window), and
+/// whether a live claim holds it. A row of a key that one of this process's claims
+/// holds counts as held too: the window may have passed over that claim's rows, which
+/// would have told the rule so.
 fn pending(row: &MySqlRow, held: &Held) -> Result<Pending> {
-    let seq = row.try_get("seq").map_err(store_error)?;
-    let key: Option<Vec<u8>> = row.try_get("k").map_err(store_error)?;
+    let seq = row.try_get(0).map_err(store_error)?;
+    let key: Option<Vec<u8>> = row.try_get(1).map_err(store_error)?;
     Ok(Pending {
         seq,
         held: held.contains(seq) || key.as_deref().is_some_and(|key| held.holds_key(key)),
         key,
-        available_at: row.try_get("available_at").map_err(store_error)?,
+        available_at: row.try_get(2).map_err(store_error)?,
     })
 }
 

@@ -60,7 +60,7 @@ pub(crate) struct SpoolSql {
     /// `?` spool, `?` token, `?` lease until, `?` seqs (JSON): records a claim, or adds
     /// rows to it.
     pub(crate) record_claim: String,
-    /// `[scope]`, `?` key → the first pending row (`k`, `seq`, `available_at`) of the
+    /// `[scope]`, `?` key → the first pending row (`seq`, `k`, `available_at`) of the
     /// first key at or after it.
     pub(crate) next_head: String,
     /// `[scope]`, `?` key, `?` from seq, `?` limit → the key's pending rows from `seq`.
@@ -131,7 +131,7 @@ ON DUPLICATE KEY UPDATE
   lease_until = VALUES(lease_until), seqs = JSON_MERGE_PRESERVE(seqs, VALUES(seqs))"
                 .to_owned(),
             next_head: format!(
-                "SELECT t.`key` AS k, t.seq, t.available_at
+                "SELECT t.seq, t.`key` AS k, t.available_at
 FROM {table} AS t
 WHERE {scope_t}t.status = {PENDING} AND t.`key` >= ?
 ORDER BY t.`key`, t.seq
