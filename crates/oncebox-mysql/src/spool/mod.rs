@@ -231,7 +231,12 @@ impl SpoolTable {
 
     /// Ends a claim whose transaction `tx` holds the claim lock and has read the spool's
     /// `claims` and the first `window`: its other statements, its record and commit,
-    /// then the rows decoded.
+    /// and the rows decoded.
+    ///
+    /// The rows decode while the record and the commit travel (about 0.2 ms of a
+    /// relay's batch of 256 rows, which would otherwise follow the commit's round trip):
+    /// decoding waits for nothing. Rows that do not decode are dead-lettered once the
+    /// claim that holds them has committed.
     async fn finish_claim<T: SpoolRow>(
         &self,
         mut tx: ScriptTx,
@@ -240,8 +245,18 @@ impl SpoolTable {
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
         let (rows, record) = self.claim_in(&mut tx, claims, window, request).await?;
-        tx.commit(record).await?;
-        Ok(self.decode_all(request.token, rows).await)
+        // `join` polls the commit first, which sends it before the rows decode.
+        let (committed, (claimed, undecodable)) =
+            futures_util::future::join(tx.commit(record), async {
+                self.decode_all(request.token, &rows)
+            })
+            .await;
+        committed?;
+        for (seq, error) in undecodable {
+            self.dead_letter_undecodable(request.token, seq, &error)
+                .await;
+        }
+        Ok(claimed)
     }
 
     /// The claim's statements in `conn`'s transaction, under the claim lock, from the
@@ -461,16 +476,17 @@ impl SpoolTable {
         self.cursor.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Decodes committed claimed rows, in `seq` order; a row that does not decode is
-    /// marked dead with the reason (it can never be delivered, and must not stall the
-    /// spool) and skipped.
-    async fn decode_all<T: SpoolRow>(
+    /// Decodes claimed rows, in `seq` order. A row that does not decode is returned
+    /// apart, with the reason: it can never be delivered, and must not stall the spool,
+    /// so the caller marks it dead.
+    fn decode_all<T: SpoolRow>(
         &self,
         token: LeaseToken,
-        rows: Vec<(i64, MySqlRow)>,
-    ) -> Vec<Claimed<T>> {
+        rows: &[(i64, MySqlRow)],
+    ) -> (Vec<Claimed<T>>, Vec<(i64, RowDecodeError)>) {
         let mut claimed = Vec::with_capacity(rows.len());
-        for (seq, row) in &rows {
+        let mut undecodable = Vec::new();
+        for (seq, row) in rows {
             let reader = RowReader::new(row, self.sql.table, format_args!("seq {seq}"));
             let decoded = reader
                 .count("attempts")
@@ -482,11 +498,11 @@ impl SpoolTable {
                     attempts,
                     item,
                 }),
-                Err(error) => self.dead_letter_undecodable(token, *seq, &error).await,
+                Err(error) => undecodable.push((*seq, error)),
             }
         }
         claimed.sort_by_key(|c| c.seq);
-        claimed
+        (claimed, undecodable)
     }
 
     async fn dead_letter_undecodable(&self, token: LeaseToken, seq: i64, error: &RowDecodeError) {
