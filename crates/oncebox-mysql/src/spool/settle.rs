@@ -78,14 +78,11 @@ impl SpoolTable {
             return None;
         }
         self.keep_claim_if(script, token, &written, &outcomes.remaining);
-        let done_sql = if delete_done {
-            &self.sql.delete_done_if_settled
-        } else {
-            &self.sql.done_if_settled
-        };
-        for chunk in outcomes.done.chunks(MAX_LIST) {
-            script.push(done_sql, chunk, &self.scope_values());
-        }
+        self.publish_done(
+            script,
+            self.sql.published(delete_done, true),
+            &outcomes.done,
+        );
         let flag = script.len();
         script.push(sql::READ_SETTLED, &[], &[]);
         // Before the request: the next claim's window may travel in it.
@@ -136,18 +133,23 @@ impl SpoolTable {
                 .await
                 .map_err(store_error)?;
         }
-        let done_sql = if delete_done {
-            &self.sql.delete_done
-        } else {
-            &self.sql.done
-        };
-        for chunk in outcomes.done.chunks(MAX_LIST) {
-            script.push(done_sql, chunk, &self.scope_values());
-        }
+        self.publish_done(
+            script,
+            self.sql.published(delete_done, false),
+            &outcomes.done,
+        );
         self.keep_claim(script, token, &outcomes.remaining);
         // Before the commit: the next claim's window may travel in the same request.
         self.own.settled(token, &outcomes.remaining);
         Ok(())
+    }
+
+    /// Appends `statement` (one of [`SpoolSql::published`](sql::SpoolSql::published))
+    /// over the rows published, `done`, a chunk at a time.
+    fn publish_done(&self, script: &mut Script, statement: &str, done: &[i64]) {
+        for chunk in done.chunks(MAX_LIST) {
+            script.push(statement, chunk, &self.scope_values());
+        }
     }
 
     /// Deletes at most `limit` done rows settled before `before`, oldest first.

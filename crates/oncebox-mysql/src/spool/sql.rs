@@ -185,6 +185,17 @@ LIMIT ?"
             ),
         }
     }
+
+    /// The statement on the rows published: marks them done, or deletes them with
+    /// `delete_done`; with `if_settled`, only if [`SETTLED`] recorded a changed claim.
+    pub(crate) fn published(&self, delete_done: bool, if_settled: bool) -> &str {
+        match (delete_done, if_settled) {
+            (false, false) => &self.done,
+            (true, false) => &self.delete_done,
+            (false, true) => &self.done_if_settled,
+            (true, true) => &self.delete_done_if_settled,
+        }
+    }
 }
 
 /// Step 1's read of the first pending rows, in full, with `skip` added to its condition.
