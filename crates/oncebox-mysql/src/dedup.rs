@@ -9,7 +9,7 @@ use sqlx::mysql::MySqlPool;
 
 use crate::error::{RowReader, check_bytes, is_duplicate_key, store_error};
 use crate::inbox::MAX_ID_BYTES;
-use crate::sql::{begin_read_committed, duration_ms, now_ms, query, sql_limit};
+use crate::sql::{delete_read_committed, duration_ms, now_ms, query, sql_limit};
 
 const TABLE: &str = "oncebox_dedup";
 
@@ -191,13 +191,6 @@ impl DedupStore for MySqlDedupStore {
         if limit == 0 {
             return Ok(0);
         }
-        let mut tx = begin_read_committed(&self.pool).await?;
-        let deleted = query(PURGE)
-            .bind(sql_limit(limit))
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
-        Ok(deleted.rows_affected())
+        delete_read_committed(&self.pool, query(PURGE).bind(sql_limit(limit))).await
     }
 }

@@ -8,7 +8,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, Transaction};
 
 use crate::error::{check_bytes, is_duplicate_key, store_error};
-use crate::sql::{begin_read_committed, ms_since, now_ms, query, sql_limit};
+use crate::sql::{delete_read_committed, ms_since, now_ms, query, sql_limit};
 
 /// Longest consumer name, in bytes (`VARBINARY(255)`).
 pub(crate) const MAX_CONSUMER_BYTES: usize = 255;
@@ -140,14 +140,7 @@ impl InboxStore for MySqlInbox {
         if limit == 0 {
             return Ok(0);
         }
-        let mut tx = begin_read_committed(&self.pool).await?;
-        let deleted = query(PURGE)
-            .bind(ms_since(before))
-            .bind(sql_limit(limit))
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
-        Ok(deleted.rows_affected())
+        let purge = query(PURGE).bind(ms_since(before)).bind(sql_limit(limit));
+        delete_read_committed(&self.pool, purge).await
     }
 }

@@ -45,6 +45,18 @@ pub(crate) async fn begin_read_committed(
         .map_err(store_error)
 }
 
+/// Runs `delete`, a bounded retention `DELETE`, in a `READ COMMITTED` transaction of its
+/// own (see [`begin_read_committed`]); returns how many rows it deleted.
+pub(crate) async fn delete_read_committed(
+    pool: &MySqlPool,
+    delete: MySqlQuery,
+) -> oncebox_core::Result<u64> {
+    let mut tx = begin_read_committed(pool).await?;
+    let deleted = delete.execute(&mut *tx).await.map_err(store_error)?;
+    tx.commit().await.map_err(store_error)?;
+    Ok(deleted.rows_affected())
+}
+
 /// The statements that start a transaction in `READ COMMITTED`, as a macro for
 /// `concat!`.
 macro_rules! start_read_committed {

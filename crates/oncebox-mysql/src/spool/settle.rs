@@ -12,7 +12,7 @@ use super::script::{Script, ScriptTx};
 use super::{SpoolTable, sql};
 use crate::error::store_error;
 use crate::sql::{
-    MAX_LIST, begin_read_committed, ms_since, ms_until, query, sql_limit, uuid_bytes,
+    MAX_LIST, delete_read_committed, ms_since, ms_until, query, sql_limit, uuid_bytes,
 };
 
 /// Longest error text kept in `last_error`, in characters.
@@ -157,16 +157,11 @@ impl SpoolTable {
         if limit == 0 {
             return Ok(0);
         }
-        let mut tx = begin_read_committed(&self.pool).await?;
-        let deleted = self
+        let purge = self
             .scoped(query(&self.sql.purge))
             .bind(ms_since(before))
-            .bind(sql_limit(limit))
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
-        Ok(deleted.rows_affected())
+            .bind(sql_limit(limit));
+        delete_read_committed(&self.pool, purge).await
     }
 }
 
