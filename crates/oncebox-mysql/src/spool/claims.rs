@@ -81,7 +81,7 @@ pub(super) struct OwnClaims(Mutex<ClaimsByToken>);
 type ClaimsByToken = HashMap<Vec<u8>, Arc<OwnClaim>>;
 
 /// What a process remembers of a claim it made.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct OwnClaim {
     /// The rows the claim holds, as far as this process knows: those it took, less those
     /// settled since.
@@ -104,10 +104,7 @@ impl OwnClaims {
         if remaining.is_empty() {
             own.remove(token);
         } else if let Some(claim) = own.get_mut(token) {
-            *claim = Arc::new(OwnClaim {
-                seqs: remaining.to_vec(),
-                keys: claim.keys.clone(),
-            });
+            Arc::make_mut(claim).seqs = remaining.to_vec();
         }
     }
 

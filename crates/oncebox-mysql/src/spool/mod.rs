@@ -193,25 +193,22 @@ impl SpoolTable {
         delete_done: bool,
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<T>>> {
+        if request.limit == 0 {
+            self.settle(token, settlements, delete_done).await?;
+            return Ok(Vec::new());
+        }
         let token = uuid_bytes(token.as_uuid());
         let mut script = Script::default();
         if let Some(flag) = self.settle_remembered(&mut script, &token, settlements, delete_done) {
-            if request.limit == 0 {
-                let results = ScriptTx::once(&self.pool, script).await?;
-                if settle::settled(&results, flag)? {
-                    return Ok(Vec::new());
-                }
-            } else {
-                script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
-                let ahead = self.lock_and_read(&mut script, request.limit);
-                let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
-                if settle::settled(&results, flag)? {
-                    let (claims, window) = ahead.split(results);
-                    return self.finish_claim(tx, &claims, window, request).await;
-                }
-                // Nothing was settled: start again, the settle reading the claim first.
-                tx.rollback().await?;
+            script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
+            let ahead = self.lock_and_read(&mut script, request.limit);
+            let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
+            if settle::settled(&results, flag)? {
+                let (claims, window) = ahead.split(results);
+                return self.finish_claim(tx, &claims, window, request).await;
             }
+            // Nothing was settled: start again, the settle reading the claim first.
+            tx.rollback().await?;
             script = Script::default();
         }
         // Before the claim lock, which other relays wait for: settling locks only the
@@ -219,10 +216,6 @@ impl SpoolTable {
         let (mut tx, held) = self.begin_settle(&token).await?;
         self.settle_in(&mut tx, &token, held, settlements, delete_done, &mut script)
             .await?;
-        if request.limit == 0 {
-            tx.commit(script).await?;
-            return Ok(Vec::new());
-        }
         script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
         let ahead = self.lock_and_read(&mut script, request.limit);
         let (claims, window) = ahead.split(script.run(&mut tx).await?);

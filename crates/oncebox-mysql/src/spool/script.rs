@@ -40,7 +40,7 @@ pub(super) enum Value<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Script {
     sql: String,
-    /// Statements pushed.
+    /// Statements pushed: the results [`run`](Self::run) returns.
     len: usize,
 }
 
@@ -52,7 +52,9 @@ impl Script {
     }
 
     /// Appends `statement` with its `{list}` (if any) filled with `list`, and its `?`
-    /// places, in order, with `values`.
+    /// places, in order, with `values`. The statement may be several, separated by `;`
+    /// (`COMMIT; SET TRANSACTION ...`): the crate's statements have no `;` elsewhere,
+    /// and the values written into them none at all.
     ///
     /// # Panics
     ///
@@ -62,7 +64,7 @@ impl Script {
         if !self.sql.is_empty() {
             self.sql.push_str(";\n");
         }
-        self.len += 1;
+        self.len += 1 + statement.matches(';').count();
         // A statement has at most one list, between its two parts.
         let mut values = values.iter();
         for (n, part) in statement.split(LIST).enumerate() {
@@ -276,10 +278,13 @@ mod tests {
             &[],
             &[Value::Bytes(b"it's"), Value::Bytes(b"")],
         );
+        script.push("DO 1; DO 2", &[], &[]);
+        let statements = script.len();
         let results = script.run(&mut conn).await.expect("the script runs");
+        assert_eq!(statements, 5, "`DO 1; DO 2` counts as two");
+        assert_eq!(results.len(), statements, "a result per statement counted");
         let seqs: Vec<i64> = results[0].iter().map(|row| row.get("seq")).collect();
         let bytes: Vec<Vec<u8>> = results[2].iter().map(|row| row.get("b")).collect();
-        assert_eq!(results.len(), 3);
         assert_eq!(seqs, [5, 7]);
         assert_eq!(results[1][0].get::<i64, _>("n"), 2, "a JSON array");
         assert_eq!(bytes, [b"it's".to_vec(), Vec::new()]);
