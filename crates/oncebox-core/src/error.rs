@@ -8,11 +8,30 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What a failure says about retrying: the engines dead-letter, retry or wait on it.
+///
+/// | fault | example | a consumer or relay |
+/// |---|---|---|
+/// | [`Permanent`](Fault::Permanent) | a constraint violation, malformed data, a message the broker refuses | dead-letters the message at once |
+/// | [`Transient`](Fault::Transient) | a deadlock, a serialization failure, a timeout | retries with backoff; the attempt counts toward the limit |
+/// | [`Outage`](Fault::Outage) | connection lost, server down, no connection to be had | retries with backoff without spending the message's attempts |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The same operation on the same input fails again.
+    Permanent,
+    /// This attempt failed; another may succeed.
+    Transient,
+    /// The database or broker cannot be reached: no fault of the message.
+    Outage,
+}
+
 /// Everything that can go wrong in oncebox.
 ///
-/// Callers branch on the classification methods ([`Error::is_transient`],
-/// [`Error::is_duplicate`], [`Error::is_invalid_input`]) rather than on messages. The
-/// `Display` and `Debug` forms never contain payloads.
+/// Callers branch on the classification methods ([`Error::fault`],
+/// [`Error::is_transient`], [`Error::is_outage`], [`Error::is_duplicate`],
+/// [`Error::is_invalid_input`]) rather than on messages. The `Display` and `Debug` forms
+/// never contain payloads.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -33,8 +52,8 @@ pub enum Error {
         /// What the driver reported.
         #[source]
         source: BoxError,
-        /// Whether retrying the same operation later may succeed.
-        transient: bool,
+        /// What retrying it would do.
+        fault: Fault,
     },
 
     /// The broker or its client failed.
@@ -43,8 +62,8 @@ pub enum Error {
         /// What the client reported.
         #[source]
         source: BoxError,
-        /// Whether retrying the same operation later may succeed.
-        transient: bool,
+        /// What retrying it would do.
+        fault: Fault,
     },
 
     /// A message handler failed.
@@ -53,8 +72,8 @@ pub enum Error {
         /// What the handler returned.
         #[source]
         source: BoxError,
-        /// A permanent failure is dead-lettered at once instead of retried.
-        permanent: bool,
+        /// What retrying it would do: a permanent failure is dead-lettered at once.
+        fault: Fault,
     },
 
     /// The lease (or fencing token) of this worker is no longer the current one: another
@@ -73,46 +92,76 @@ pub enum Error {
     /// The store or transport was closed or shut down.
     #[error("closed")]
     Closed,
+
+    /// A bounded store holds as many live entries as it may; it refuses new work rather
+    /// than forget an entry that is still live. Retry after `retry_after`, when the
+    /// oldest entries expire.
+    #[error("the store is at capacity ({capacity} live entries); retry after {retry_after:?}")]
+    AtCapacity {
+        /// The store's limit of live entries.
+        capacity: usize,
+        /// When the oldest live entry expires.
+        retry_after: std::time::Duration,
+    },
 }
 
 impl Error {
-    /// A store error that may succeed when retried (connection lost, lock timeout, busy).
-    pub fn store_transient(source: impl Into<BoxError>) -> Self {
+    /// A store error with the given fault.
+    pub fn store(source: impl Into<BoxError>, fault: Fault) -> Self {
         Self::Store {
             source: source.into(),
-            transient: true,
+            fault,
         }
+    }
+
+    /// A store error that may succeed when retried (deadlock, lock timeout, busy); the
+    /// attempt counts toward a message's limit.
+    pub fn store_transient(source: impl Into<BoxError>) -> Self {
+        Self::store(source, Fault::Transient)
     }
 
     /// A store error that will fail again if retried (constraint, schema, syntax).
     pub fn store_permanent(source: impl Into<BoxError>) -> Self {
-        Self::Store {
+        Self::store(source, Fault::Permanent)
+    }
+
+    /// The store cannot be reached (connection lost, server down, no connection to be
+    /// had): retried without spending a message's attempts.
+    pub fn store_outage(source: impl Into<BoxError>) -> Self {
+        Self::store(source, Fault::Outage)
+    }
+
+    /// A transport error with the given fault.
+    pub fn transport(source: impl Into<BoxError>, fault: Fault) -> Self {
+        Self::Transport {
             source: source.into(),
-            transient: false,
+            fault,
         }
     }
 
-    /// A transport error that may succeed when retried (broker down, timeout).
+    /// A transport error that may succeed when retried (timeout, a refusal that may
+    /// pass later).
     pub fn transport_transient(source: impl Into<BoxError>) -> Self {
-        Self::Transport {
-            source: source.into(),
-            transient: true,
-        }
+        Self::transport(source, Fault::Transient)
     }
 
     /// A transport error that will fail again if retried (unknown stream, message too big).
     pub fn transport_permanent(source: impl Into<BoxError>) -> Self {
-        Self::Transport {
-            source: source.into(),
-            transient: false,
-        }
+        Self::transport(source, Fault::Permanent)
     }
 
-    /// A handler failure worth retrying (the default for handler errors).
+    /// The broker cannot be reached (connection lost, broker down): retried without
+    /// spending a message's attempts.
+    pub fn transport_outage(source: impl Into<BoxError>) -> Self {
+        Self::transport(source, Fault::Outage)
+    }
+
+    /// A handler failure worth retrying (the default for handler errors); the attempt
+    /// counts toward the message's limit.
     pub fn handler(source: impl Into<BoxError>) -> Self {
         Self::Handler {
             source: source.into(),
-            permanent: false,
+            fault: Fault::Transient,
         }
     }
 
@@ -121,21 +170,36 @@ impl Error {
     pub fn handler_permanent(source: impl Into<BoxError>) -> Self {
         Self::Handler {
             source: source.into(),
-            permanent: true,
+            fault: Fault::Permanent,
         }
     }
 
-    /// Whether the operation may succeed if retried later.
-    pub fn is_transient(&self) -> bool {
+    /// What retrying would do. Timeouts and lost leases are transient; a store at
+    /// capacity is an outage (no fault of the message); invalid input, duplicates,
+    /// invalid options and a closed store or transport are permanent.
+    pub fn fault(&self) -> Fault {
         match self {
-            Self::Store { transient, .. } | Self::Transport { transient, .. } => *transient,
-            Self::Handler { permanent, .. } => !permanent,
-            Self::Timeout(_) | Self::LeaseLost => true,
+            Self::Store { fault, .. }
+            | Self::Transport { fault, .. }
+            | Self::Handler { fault, .. } => *fault,
+            Self::Timeout(_) | Self::LeaseLost => Fault::Transient,
+            Self::AtCapacity { .. } => Fault::Outage,
             Self::InvalidMessage(_)
             | Self::Duplicate { .. }
             | Self::InvalidOptions(_)
-            | Self::Closed => false,
+            | Self::Closed => Fault::Permanent,
         }
+    }
+
+    /// Whether the operation may succeed if retried later (a transient fault or an
+    /// outage).
+    pub fn is_transient(&self) -> bool {
+        self.fault() != Fault::Permanent
+    }
+
+    /// Whether the database or broker could not be reached: no fault of the message.
+    pub fn is_outage(&self) -> bool {
+        self.fault() == Fault::Outage
     }
 
     /// Whether this error reports a duplicate id.
@@ -287,6 +351,10 @@ mod tests {
     #[test]
     fn classification() {
         assert!(Error::store_transient("busy").is_transient());
+        assert!(!Error::store_transient("busy").is_outage());
+        assert!(Error::store_outage("down").is_transient());
+        assert!(Error::store_outage("down").is_outage());
+        assert!(Error::transport_outage("down").is_outage());
         assert!(!Error::store_permanent("syntax").is_transient());
         assert!(Error::handler("try again").is_transient());
         assert!(!Error::handler_permanent("bad order").is_transient());

@@ -36,7 +36,7 @@ pub mod time;
 pub mod wire;
 
 pub use backoff::Backoff;
-pub use error::{BoxError, Error, InvalidMessage, Result, RowDecodeError};
+pub use error::{BoxError, Error, Fault, InvalidMessage, Result, RowDecodeError};
 pub use headers::{Headers, TRACEPARENT};
 pub use message::{Limits, Message, MessageId};
 pub use received::{Coordinates, Received};

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime};
 
 use oncebox_core::spool::{Settle, Settlement, SpoolStore};
-use oncebox_core::{Error, Limits, Message};
+use oncebox_core::{Error, Fault, Limits, Message};
 use oncebox_mysql::{MySqlStore, RowStatus, ValueTooLong};
 use sqlx::mysql::MySqlPoolOptions;
 
@@ -158,7 +158,7 @@ async fn duplicates_and_bad_input_keep_the_transaction_usable() {
         let err = outbox.enqueue(&mut tx, &message).await.unwrap_err();
         let Error::Store {
             source,
-            transient: false,
+            fault: Fault::Permanent,
         } = &err
         else {
             panic!("{what}: expected a permanent store error, got {err}");

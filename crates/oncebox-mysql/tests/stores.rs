@@ -8,7 +8,7 @@ use std::time::Duration;
 use oncebox_core::store::{
     Accepted, Begin, DedupStore, DurableInboxStore, InboxStore, Recorded, Transactional,
 };
-use oncebox_core::{Coordinates, Error, Message, Received};
+use oncebox_core::{Coordinates, Error, Fault, Message, Received};
 use oncebox_mysql::ValueTooLong;
 
 use common::TestDb;
@@ -17,7 +17,7 @@ fn too_long(error: &Error) -> &ValueTooLong {
     match error {
         Error::Store {
             source,
-            transient: false,
+            fault: Fault::Permanent,
         } => source
             .downcast_ref::<ValueTooLong>()
             .unwrap_or_else(|| panic!("not a ValueTooLong: {source}")),

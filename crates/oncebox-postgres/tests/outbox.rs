@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use oncebox_core::memory::MemoryBroker;
 use oncebox_core::spool::{Settle, Settlement, Spool, SpoolOptions, SpoolStore};
-use oncebox_core::{Error, Limits, Message};
+use oncebox_core::{Error, Fault, Limits, Message};
 use oncebox_postgres::{PgStore, RowStatus};
 use sqlx::postgres::PgPoolOptions;
 
@@ -241,7 +241,7 @@ async fn duplicates_and_bad_input_keep_the_transaction_usable() {
         matches!(
             err,
             Error::Store {
-                transient: false,
+                fault: Fault::Permanent,
                 ..
             }
         ),

@@ -350,7 +350,7 @@ async fn refuses_invalid_messages_permanently() {
     assert!(matches!(
         refused,
         Error::Transport {
-            transient: false,
+            fault: crate::Fault::Permanent,
             ..
         }
     ));
