@@ -93,6 +93,11 @@ pub enum Error {
     #[error("closed")]
     Closed,
 
+    /// A task of an engine (a consumer lane, a relay loop) ended before it was told to
+    /// stop: it panicked outside the handler, or stopped for a reason named here.
+    #[error("{0} ended unexpectedly")]
+    TaskLost(String),
+
     /// A bounded store holds as many live entries as it may; it refuses new work rather
     /// than forget an entry that is still live. Retry after `retry_after`, when the
     /// oldest entries expire.
@@ -187,7 +192,8 @@ impl Error {
             Self::InvalidMessage(_)
             | Self::Duplicate { .. }
             | Self::InvalidOptions(_)
-            | Self::Closed => Fault::Permanent,
+            | Self::Closed
+            | Self::TaskLost(_) => Fault::Permanent,
         }
     }
 

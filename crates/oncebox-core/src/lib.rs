@@ -15,6 +15,9 @@
 //! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
 //! | [`memory`] | an exact in-memory dedup store, a layered store (an in-memory window of completed results in front of any dedup store) and an in-process broker with fault injection |
 //!
+//! With the feature `sqlx` (which the SQL store crates turn on), [`Error`] converts from
+//! `sqlx::Error`, classified by SQLSTATE, so `?` works on queries inside handlers.
+//!
 //! Async traits are native (`impl Future + Send` in trait methods), so the engines are
 //! generic and monomorphised; the CLI boxes concrete backends once at its edge.
 //!
@@ -30,7 +33,10 @@ mod transport;
 
 pub mod consumer;
 pub mod memory;
+pub mod run;
 pub mod spool;
+#[cfg(feature = "sqlx")]
+pub mod sql;
 pub mod store;
 pub mod time;
 pub mod wire;

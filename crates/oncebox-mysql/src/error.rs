@@ -7,60 +7,13 @@ use oncebox_core::Error;
 use sqlx::Row;
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 
-/// MySQL / MariaDB error numbers worth retrying, exactly.
-const TRANSIENT_NUMBERS: &[u16] = &[
-    1040, // ER_CON_COUNT_ERROR: too many connections
-    1203, // ER_TOO_MANY_USER_CONNECTIONS
-    1205, // ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
-    1213, // ER_LOCK_DEADLOCK: the transaction was rolled back
-    1053, // ER_SERVER_SHUTDOWN
-    1077, // ER_NORMAL_SHUTDOWN
-    1079, // ER_SHUTDOWN_COMPLETE
-    1317, // ER_QUERY_INTERRUPTED
-    1927, // ER_CONNECTION_KILLED (MariaDB)
-    1969, // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
-    3024, // ER_QUERY_TIMEOUT (MySQL max_execution_time)
-    1021, // ER_DISK_FULL
-    1041, // ER_OUT_OF_RESOURCES
-    1637, // ER_TOO_MANY_CONCURRENT_TRXS
-];
-
-/// SQLSTATE classes worth retrying: connection exceptions (`08`) and serialization
-/// failures (`40`: deadlocks, rollbacks).
-const TRANSIENT_CLASSES: &[&str] = &["08", "40"];
-
 /// Duplicate entry for a unique key (`ER_DUP_ENTRY`, `ER_DUP_ENTRY_WITH_KEY_NAME`).
 const DUPLICATE_KEY: &[u16] = &[1062, 1586];
 
-/// Classifies a sqlx error: deadlocks, lock wait and statement timeouts, server
-/// shutdowns, connection errors, resource exhaustion, I/O errors and pool timeouts are
-/// transient; a closed pool is [`Error::Closed`]; everything else (constraints, schema,
-/// SQL, data too long) is permanent.
+/// A sqlx error as a oncebox error, classified by error number and SQLSTATE (see the
+/// core's `From<sqlx::Error>`).
 pub(crate) fn store_error(error: sqlx::Error) -> Error {
-    match &error {
-        sqlx::Error::PoolClosed => Error::Closed,
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::store_transient(error),
-        sqlx::Error::Database(db) => {
-            let number = db
-                .try_downcast_ref::<MySqlDatabaseError>()
-                .map(MySqlDatabaseError::number);
-            if is_transient(number, db.code().as_deref()) {
-                Error::store_transient(error)
-            } else {
-                Error::store_permanent(error)
-            }
-        }
-        _ => Error::store_permanent(error),
-    }
-}
-
-fn is_transient(number: Option<u16>, sqlstate: Option<&str>) -> bool {
-    number.is_some_and(|n| TRANSIENT_NUMBERS.contains(&n))
-        || sqlstate.is_some_and(|code| TRANSIENT_CLASSES.iter().any(|c| code.starts_with(c)))
+    Error::from(error)
 }
 
 /// Whether `error` reports a duplicate entry for a unique key. In MySQL this fails the
@@ -206,34 +159,6 @@ impl<'r> RowReader<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_are_classified() {
-        for number in [1205, 1213, 1040, 1927, 1969, 3024] {
-            assert!(is_transient(Some(number), Some("HY000")), "{number}");
-        }
-        assert!(is_transient(None, Some("08S01")));
-        assert!(is_transient(Some(1213), Some("40001")));
-        for (number, state) in [
-            (1062, "23000"),
-            (1146, "42S02"),
-            (1064, "42000"),
-            (1406, "22001"),
-        ] {
-            assert!(!is_transient(Some(number), Some(state)), "{number}");
-        }
-        assert!(!is_transient(None, None));
-    }
-
-    #[test]
-    fn pool_errors() {
-        assert!(store_error(sqlx::Error::PoolTimedOut).is_transient());
-        assert!(matches!(
-            store_error(sqlx::Error::PoolClosed),
-            Error::Closed
-        ));
-        assert!(!store_error(sqlx::Error::RowNotFound).is_transient());
-    }
 
     #[test]
     fn long_values_are_refused_not_cut() {

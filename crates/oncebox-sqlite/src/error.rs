@@ -7,37 +7,10 @@ use oncebox_core::Error;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-/// Primary SQLite result codes worth retrying (the low byte of an extended code).
-const SQLITE_BUSY: i64 = 5;
-const SQLITE_LOCKED: i64 = 6;
-const SQLITE_IOERR: i64 = 10;
-const SQLITE_FULL: i64 = 13;
-const SQLITE_PROTOCOL: i64 = 15;
-
-/// Classifies a sqlx error: busy/locked databases, I/O failures, pool timeouts and
-/// crashed connection workers are transient; a closed pool is [`Error::Closed`];
-/// everything else (constraints, schema, SQL) is permanent.
+/// A sqlx error as a oncebox error, classified by result code (see the core's
+/// `From<sqlx::Error>`).
 pub(crate) fn store_error(error: sqlx::Error) -> Error {
-    match &error {
-        sqlx::Error::PoolClosed => Error::Closed,
-        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => {
-            Error::store_transient(error)
-        }
-        sqlx::Error::Database(db) if is_transient_code(db.code().as_deref()) => {
-            Error::store_transient(error)
-        }
-        _ => Error::store_permanent(error),
-    }
-}
-
-fn is_transient_code(code: Option<&str>) -> bool {
-    let Some(code) = code.and_then(|c| c.parse::<i64>().ok()) else {
-        return false;
-    };
-    matches!(
-        code & 0xff,
-        SQLITE_BUSY | SQLITE_LOCKED | SQLITE_IOERR | SQLITE_FULL | SQLITE_PROTOCOL
-    )
+    Error::from(error)
 }
 
 /// Whether `error` reports a unique (or primary key) constraint violation.
@@ -92,28 +65,6 @@ impl<'r> RowReader<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn busy_and_locked_are_transient_by_primary_code() {
-        assert!(is_transient_code(Some("5")));
-        assert!(is_transient_code(Some("517"))); // SQLITE_BUSY_SNAPSHOT
-        assert!(is_transient_code(Some("262"))); // SQLITE_LOCKED_SHAREDCACHE
-        assert!(is_transient_code(Some("3850"))); // SQLITE_IOERR_LOCK
-        assert!(!is_transient_code(Some("2067"))); // SQLITE_CONSTRAINT_UNIQUE
-        assert!(!is_transient_code(Some("1")));
-        assert!(!is_transient_code(None));
-        assert!(!is_transient_code(Some("busy")));
-    }
-
-    #[test]
-    fn pool_errors() {
-        assert!(store_error(sqlx::Error::PoolTimedOut).is_transient());
-        assert!(matches!(
-            store_error(sqlx::Error::PoolClosed),
-            Error::Closed
-        ));
-        assert!(!store_error(sqlx::Error::RowNotFound).is_transient());
-    }
 
     #[test]
     fn decode_errors_name_the_row() {

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use super::process::{reject_unidentified, settle_failure};
-use super::{ConsumerOptions, Outcome, Process, TxHandler};
+use super::process::unwind_as_error;
+use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::spool::{Claimed, Sink, Spool, SpoolOptions};
 use crate::store::{Accepted, DurableInboxStore};
-use crate::{Delivery, Received, Result};
+use crate::{Received, Result};
 
 /// The receiving half of the durable inbox: stores each delivery under its dedup id and
 /// acks the broker at once, so the broker's redelivery limits and retention no longer
@@ -54,27 +54,22 @@ impl<S: DurableInboxStore> DurableInbox<S> {
     }
 }
 
-impl<S: DurableInboxStore, D: Delivery> Process<D> for DurableInbox<S> {
-    async fn process(&self, delivery: D) -> Result<Outcome> {
-        let id = match self.options.id_strategy.id_of(delivery.received()) {
-            Ok(id) => id,
-            Err(e) => return reject_unidentified(delivery, e, &self.options).await,
-        };
-        match self.store.accept(&id, delivery.received()).await {
-            Ok(accepted) => {
-                delivery.ack().await?;
-                Ok(match accepted {
-                    Accepted::New => Outcome::Stored,
-                    Accepted::Duplicate => Outcome::Duplicate,
-                })
-            }
-            Err(error) => settle_failure(delivery, error, &self.options).await,
-        }
+impl<S: DurableInboxStore> Process for DurableInbox<S> {
+    fn options(&self) -> &ConsumerOptions {
+        &self.options
+    }
+
+    async fn process(&self, received: &Received) -> Result<Outcome> {
+        let id = self.options.id_strategy.id_of(received)?;
+        Ok(match self.store.accept(&id, received).await? {
+            Accepted::New => Outcome::Stored,
+            Accepted::Duplicate => Outcome::Duplicate,
+        })
     }
 }
 
 /// The durable inbox's sink: runs the handler and marks the row done in one transaction,
-/// fenced by the claim's lease token.
+/// fenced by the claim's lease token. A panic of the handler is a failed attempt.
 pub struct HandlerSink<S, H> {
     store: Arc<S>,
     handler: H,
@@ -83,7 +78,9 @@ pub struct HandlerSink<S, H> {
 impl<S: DurableInboxStore, H: TxHandler<S::Tx>> Sink<Received> for HandlerSink<S, H> {
     async fn deliver(&self, claimed: &Claimed<Received>) -> Result<()> {
         let mut tx = self.store.begin().await?;
-        let result = self.handler.handle(&claimed.item, &mut tx).await?;
+        let result = unwind_as_error(self.handler.handle(&claimed.item, &mut tx))
+            .await?
+            .into_bytes()?;
         self.store
             .complete(&mut tx, claimed.token, claimed.seq, &result)
             .await?;

@@ -18,10 +18,12 @@ mod runner;
 mod transactional;
 
 pub use durable::{DurableInbox, HandlerSink};
-pub use handler::{Handler, TxHandler};
+pub use handler::{
+    FnHandler, Handler, HandlerFn, HandlerOutput, Json, TxHandler, TxHandlerFn, handler_fn,
+};
 pub use id::IdStrategy;
 pub use options::{ConsumerOptions, StoreFailure};
-pub use process::{Outcome, Process};
+pub use process::{Outcome, Panicked, Process};
 pub use receiver::IdempotentReceiver;
 pub use runner::Consumer;
 pub use transactional::TransactionalInbox;

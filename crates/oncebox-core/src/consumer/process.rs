@@ -1,10 +1,14 @@
 //! The processing step shared by the consumer engines, and what it reports.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use super::ConsumerOptions;
-use crate::{Delivery, Error, Result};
+use crate::{Error, Received, Result};
 
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,9 +20,13 @@ pub enum Outcome {
     Duplicate,
     /// Durable inbox: stored for processing and acked.
     Stored,
-    /// Another worker is processing the same id right now; nacked to come back later.
-    InProgress,
-    /// Failed (handler or store); nacked for redelivery after `delay`.
+    /// Another worker is processing the same id right now; nacked to come back after
+    /// `retry_after`.
+    InProgress {
+        /// Time left on the other worker's lease.
+        retry_after: Duration,
+    },
+    /// Failed; nacked for redelivery after `delay`. The attempt counts toward the limit.
     Retrying {
         /// The redelivery delay asked of the broker.
         delay: Duration,
@@ -33,59 +41,167 @@ pub enum Outcome {
     HandledUnguarded,
 }
 
-/// Turns one delivery into an [`Outcome`], settling it with the broker. Implemented by
-/// the three consumer engines; run by [`Consumer`](super::Consumer).
-pub trait Process<D: Delivery>: Send + Sync {
-    /// Processes and settles `delivery`.
+/// Processes one received message, without settling it with the broker: implemented by
+/// the three consumer engines, run by [`Consumer`](super::Consumer), which acks, nacks,
+/// holds or dead-letters the delivery by the result.
+///
+/// # Contract
+///
+/// - `Ok` is one of [`Outcome::Handled`], [`Outcome::Duplicate`], [`Outcome::Stored`],
+///   [`Outcome::InProgress`] or [`Outcome::HandledUnguarded`]: the consumer acks the
+///   delivery (nacks it for `InProgress`).
+/// - `Err` is classified by [`Error::fault`]: permanent → dead letter, transient → nack
+///   with backoff until the attempt limit, outage → the delivery is held and processed
+///   again once the store answers, without spending an attempt. [`Error::Closed`] stops
+///   the consumer.
+/// - Nothing is committed when `Err` is returned.
+pub trait Process: Send + Sync {
+    /// The options: consumer name, id strategy, attempt limit, backoff.
+    fn options(&self) -> &ConsumerOptions;
+
+    /// Processes `received`.
     ///
     /// # Errors
     ///
-    /// Only when settling with the broker failed; the broker then redelivers.
+    /// Why it could not be processed; see the trait docs.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future is a crash: the delivery is redelivered after the broker's ack
-    /// timeout, and the dedup record makes that harmless.
-    fn process(&self, delivery: D) -> impl Future<Output = Result<Outcome>> + Send;
+    /// Dropping the future is a crash: nothing is committed, and the message is
+    /// delivered again.
+    fn process(&self, received: &Received) -> impl Future<Output = Result<Outcome>> + Send;
 }
 
-/// Settles a delivery whose processing failed with `error`: dead-letter a permanent
-/// failure or one past the attempt limit, otherwise nack with backoff. Failures of the
-/// store are never the message's fault, so they are always retried.
-pub(crate) async fn settle_failure<D: Delivery>(
-    delivery: D,
-    error: Error,
-    options: &ConsumerOptions,
-) -> Result<Outcome> {
-    let attempts = delivery.received().delivery_count.max(1);
-    let store_fault = matches!(error, Error::Store { .. } | Error::LeaseLost);
-    let give_up = !store_fault && (!error.is_transient() || attempts >= options.max_attempts);
-    if give_up {
-        let reason = if error.is_transient() {
-            format!("gave up after {attempts} deliveries: {error}")
-        } else {
-            format!("permanent failure: {error}")
-        };
-        tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
-        metrics::counter!("oncebox_consumer_dead_letters_total", "consumer" => options.consumer.clone())
-            .increment(1);
-        delivery.dead_letter(&reason).await?;
-        return Ok(Outcome::DeadLettered { reason });
+impl<P: Process> Process for Arc<P> {
+    fn options(&self) -> &ConsumerOptions {
+        (**self).options()
     }
-    let delay = options.backoff.delay(attempts);
-    tracing::debug!(consumer = %options.consumer, %error, ?delay, "processing failed; nacked");
-    delivery.nack(delay).await?;
-    Ok(Outcome::Retrying { delay })
+
+    fn process(&self, received: &Received) -> impl Future<Output = Result<Outcome>> + Send {
+        (**self).process(received)
+    }
 }
 
-/// Settles a delivery without a usable dedup id: it can never be processed safely.
-pub(crate) async fn reject_unidentified<D: Delivery>(
-    delivery: D,
-    error: crate::InvalidMessage,
+/// Runs `future`, turning a panic into a transient handler error: a failed attempt of
+/// the message, dead-lettered after the attempt limit like any other.
+pub(crate) async fn unwind_as_error<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
+    match AssertUnwindSafe(future).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(Error::handler(Panicked::from_payload(panic.as_ref()))),
+    }
+}
+
+/// A handler panicked; the message of the panic, when it had one.
+#[derive(Debug, thiserror::Error)]
+#[error("the handler panicked: {0}")]
+pub struct Panicked(String);
+
+impl Panicked {
+    fn from_payload(payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        Self(crate::error::excerpt(&message))
+    }
+}
+
+/// What to do with a delivery whose processing failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OnFailure {
+    /// Nack; redelivery after `delay`.
+    Retry { delay: Duration },
+    /// Dead-letter with `reason`.
+    DeadLetter { reason: String },
+    /// Keep the delivery and process it again after `delay` (the store is out).
+    Hold { delay: Duration },
+    /// Stop the consumer: the store or transport was closed.
+    Stop,
+}
+
+/// Decides what becomes of a delivery after its `attempts`th delivery failed with
+/// `error`; `outages` counts the outages seen while holding it so far.
+pub(crate) fn on_failure(
+    error: &Error,
+    attempts: u32,
+    outages: u32,
     options: &ConsumerOptions,
-) -> Result<Outcome> {
-    let reason = format!("no dedup id: {error}");
-    tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
-    delivery.dead_letter(&reason).await?;
-    Ok(Outcome::DeadLettered { reason })
+) -> OnFailure {
+    if matches!(error, Error::Closed) {
+        return OnFailure::Stop;
+    }
+    match error.fault() {
+        crate::Fault::Outage => OnFailure::Hold {
+            delay: options.backoff.delay(outages.max(1)),
+        },
+        crate::Fault::Transient if attempts < options.max_attempts => OnFailure::Retry {
+            delay: options.backoff.delay(attempts),
+        },
+        crate::Fault::Transient => OnFailure::DeadLetter {
+            reason: format!("gave up after {attempts} attempts: {error}"),
+        },
+        _ => OnFailure::DeadLetter {
+            reason: format!("permanent failure: {error}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> ConsumerOptions {
+        ConsumerOptions::new("c").max_attempts(3)
+    }
+
+    #[test]
+    fn permanent_failures_are_dead_lettered_at_once() {
+        let decided = on_failure(&Error::store_permanent("NOT NULL"), 1, 0, &options());
+        assert!(
+            matches!(&decided, OnFailure::DeadLetter { reason } if reason.starts_with("permanent failure")),
+            "{decided:?}"
+        );
+    }
+
+    #[test]
+    fn transient_failures_count_toward_the_limit() {
+        let error = Error::store_transient("deadlock");
+        assert!(matches!(
+            on_failure(&error, 2, 0, &options()),
+            OnFailure::Retry { .. }
+        ));
+        assert!(matches!(
+            on_failure(&error, 3, 0, &options()),
+            OnFailure::DeadLetter { .. }
+        ));
+    }
+
+    #[test]
+    fn outages_hold_the_delivery_whatever_its_attempts() {
+        let error = Error::store_outage("connection refused");
+        assert!(matches!(
+            on_failure(&error, 100, 7, &options()),
+            OnFailure::Hold { .. }
+        ));
+        assert_eq!(
+            on_failure(&Error::Closed, 1, 0, &options()),
+            OnFailure::Stop
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_a_transient_handler_error() {
+        let error = unwind_as_error(async {
+            if true {
+                panic!("boom");
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(error, Error::Handler { .. }), "{error}");
+        assert!(error.is_transient() && !error.is_outage());
+        assert!(error.to_string().contains("boom"), "{error}");
+    }
 }

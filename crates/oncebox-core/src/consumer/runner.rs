@@ -1,36 +1,55 @@
-//! The consumer loop: pull deliveries, process them in key-ordered lanes.
+//! The consumer loop: pull deliveries, process them in key-ordered lanes, settle them.
 
 use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::process::{OnFailure, on_failure, unwind_as_error};
 use super::{Outcome, Process};
 use crate::{Delivery, Error, Result, Subscriber};
 
-/// Pulls deliveries from a [`Subscriber`] and runs a [`Process`] on each, in `lanes`
-/// concurrent lanes. Deliveries with the same key always go to the same lane, so they are
-/// processed in the order the broker delivered them.
+/// Called with each delivery's outcome (metrics, progress, tests).
+type Observer = Arc<dyn Fn(&Outcome) + Send + Sync>;
+
+/// Pulls deliveries from a [`Subscriber`] and runs a [`Process`] (a
+/// [`TransactionalInbox`](super::TransactionalInbox), [`DurableInbox`](super::DurableInbox)
+/// or [`IdempotentReceiver`](super::IdempotentReceiver)) on each, in concurrent lanes.
+/// Deliveries with the same key always go to the same lane, so they are processed in the
+/// order the broker delivered them.
+///
+/// Each delivery is settled by what processing returned:
+///
+/// | processing | the delivery |
+/// |---|---|
+/// | handled, a duplicate, stored | acked |
+/// | in progress on another worker | nacked until that worker's lease ends |
+/// | a permanent failure | dead-lettered with the reason |
+/// | a transient failure (or a panic of the handler) | nacked with backoff; dead-lettered once the broker's delivery count reaches the attempt limit |
+/// | an outage of the store (connection lost, server down) | held, and processed again with backoff until the store answers; no attempt is spent |
 pub struct Consumer<Sub, P> {
     subscriber: Sub,
     processor: Arc<P>,
     lanes: usize,
+    observer: Option<Observer>,
 }
 
 impl<Sub, P> Consumer<Sub, P>
 where
     Sub: Subscriber,
-    P: Process<Sub::Delivery> + 'static,
+    P: Process + 'static,
 {
-    /// A consumer with 16 lanes.
-    pub fn new(subscriber: Sub, processor: Arc<P>) -> Self {
+    /// A consumer with 16 lanes running `processor` on what `subscriber` receives.
+    pub fn new(subscriber: Sub, processor: P) -> Self {
         Self {
             subscriber,
-            processor,
+            processor: Arc::new(processor),
             lanes: 16,
+            observer: None,
         }
     }
 
@@ -41,47 +60,53 @@ where
         self
     }
 
+    /// Calls `observer` with the outcome of every delivery, once it is settled.
+    #[must_use]
+    pub fn on_outcome(mut self, observer: impl Fn(&Outcome) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
     /// Consumes until `shutdown` completes or the subscription closes, then lets the
-    /// lanes finish the deliveries they hold.
-    ///
-    /// Each outcome is passed to `observe` (for metrics, progress, tests).
+    /// lanes finish the deliveries they hold. A delivery held through an outage of the
+    /// store is nacked at shutdown instead of waiting for the store.
     ///
     /// # Errors
     ///
-    /// None at present: transport errors are logged and retried; the subscription
-    /// closing ends the loop normally.
+    /// [`Error::Closed`] when the store was closed under the consumer; an error naming
+    /// the lane when a lane ended for another reason than shutdown (a panic outside the
+    /// handler, in a transport's settle call or the observer). The other lanes finish
+    /// the deliveries they hold first. Transport errors while receiving are logged and
+    /// retried; the subscription closing ends the loop normally.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future is a crash: unsettled deliveries are redelivered after the
     /// broker's ack timeout.
-    pub async fn run_until(
-        mut self,
-        shutdown: impl Future<Output = ()> + Send,
-        observe: impl Fn(&Outcome) + Send + Sync + 'static,
-    ) -> Result<()> {
-        let observe = Arc::new(observe);
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+        let (stop, stopped) = watch::channel(false);
         let mut lanes = JoinSet::new();
         let mut senders = Vec::with_capacity(self.lanes);
         for _ in 0..self.lanes {
-            let (tx, mut rx) = mpsc::channel::<Sub::Delivery>(64);
+            let (tx, rx) = mpsc::channel::<Sub::Delivery>(64);
             senders.push(tx);
-            let processor = Arc::clone(&self.processor);
-            let observe = Arc::clone(&observe);
-            lanes.spawn(async move {
-                while let Some(delivery) = rx.recv().await {
-                    match processor.process(delivery).await {
-                        Ok(outcome) => observe(&outcome),
-                        Err(error) => tracing::warn!(%error, "could not settle a delivery; the broker will redeliver it"),
-                    }
-                }
-            });
+            let lane = Lane {
+                processor: Arc::clone(&self.processor),
+                observer: self.observer.clone(),
+                stopped: stopped.clone(),
+            };
+            lanes.spawn(lane.run(rx));
         }
         let mut round_robin = 0usize;
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut failure = None;
         loop {
             let delivery = tokio::select! {
                 () = &mut shutdown => break,
+                ended = lanes.join_next() => {
+                    failure = Some(lane_lost(ended));
+                    break;
+                }
                 next = self.subscriber.next() => next,
             };
             let delivery = match delivery {
@@ -89,7 +114,7 @@ where
                 Err(Error::Closed) => break,
                 Err(error) => {
                     tracing::warn!(%error, "receiving failed; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
@@ -105,11 +130,117 @@ where
                 }
             };
             if senders[lane].send(delivery).await.is_err() {
+                // The lane ended; its join below reports why.
                 break;
             }
         }
+        let _ = stop.send(true);
         drop(senders);
-        while lanes.join_next().await.is_some() {}
+        while let Some(ended) = lanes.join_next().await {
+            if let Err(error) = flatten(ended) {
+                failure.get_or_insert(error);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+/// One lane: processes its deliveries one at a time and settles each.
+struct Lane<P> {
+    processor: Arc<P>,
+    observer: Option<Observer>,
+    stopped: watch::Receiver<bool>,
+}
+
+impl<P: Process> Lane<P> {
+    async fn run<D: Delivery>(mut self, mut deliveries: mpsc::Receiver<D>) -> Result<()> {
+        while let Some(delivery) = deliveries.recv().await {
+            match self.settle(delivery).await {
+                Ok(Some(outcome)) => {
+                    if let Some(observe) = &self.observer {
+                        observe(&outcome);
+                    }
+                }
+                Ok(None) => {}
+                Err(Error::Closed) => return Err(Error::Closed),
+                Err(error) => {
+                    tracing::warn!(%error, "could not settle a delivery; the broker will redeliver it");
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Processes `delivery` (again while the store is out) and settles it; `None` when
+    /// it was left unsettled for the broker to redeliver.
+    async fn settle<D: Delivery>(&mut self, delivery: D) -> Result<Option<Outcome>> {
+        let options = self.processor.options();
+        let attempts = delivery.received().delivery_count.max(1);
+        let mut outages = 0;
+        loop {
+            let error = match unwind_as_error(self.processor.process(delivery.received())).await
+            {
+                Ok(Outcome::InProgress { retry_after }) => {
+                    delivery.nack(retry_after).await?;
+                    return Ok(Some(Outcome::InProgress { retry_after }));
+                }
+                Ok(outcome) => {
+                    delivery.ack().await?;
+                    return Ok(Some(outcome));
+                }
+                Err(error) => error,
+            };
+            match on_failure(&error, attempts, outages, options) {
+                OnFailure::Retry { delay } => {
+                    tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
+                    delivery.nack(delay).await?;
+                    return Ok(Some(Outcome::Retrying { delay }));
+                }
+                OnFailure::DeadLetter { reason } => {
+                    tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
+                    metrics::counter!("oncebox_consumer_dead_letters_total", "consumer" => options.consumer.clone())
+                        .increment(1);
+                    delivery.dead_letter(&reason).await?;
+                    return Ok(Some(Outcome::DeadLettered { reason }));
+                }
+                OnFailure::Hold { delay } => {
+                    outages += 1;
+                    tracing::warn!(consumer = %options.consumer, %error, ?delay, "store unreachable; holding the delivery");
+                    metrics::counter!("oncebox_consumer_outage_retries_total", "consumer" => options.consumer.clone())
+                        .increment(1);
+                    if *self.stopped.borrow() {
+                        delivery.nack(delay).await?;
+                        return Ok(None);
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = self.stopped.changed() => {
+                            delivery.nack(delay).await?;
+                            return Ok(None);
+                        }
+                    }
+                }
+                OnFailure::Stop => {
+                    tracing::warn!(consumer = %options.consumer, "the store is closed; stopping");
+                    delivery.nack(Duration::ZERO).await?;
+                    return Err(Error::Closed);
+                }
+            }
+        }
+    }
+}
+
+/// Why a lane ended while deliveries were still coming.
+fn lane_lost(ended: Option<Result<Result<()>, tokio::task::JoinError>>) -> Error {
+    ended
+        .and_then(|ended| flatten(ended).err())
+        .unwrap_or_else(|| Error::TaskLost("a consumer lane".to_owned()))
+}
+
+/// A lane's result, a panic of the lane being an error that names it.
+fn flatten(ended: Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
+    match ended {
+        Ok(result) => result,
+        Err(join) => Err(Error::TaskLost(format!("a consumer lane ({join})"))),
     }
 }

@@ -2,19 +2,19 @@
 
 use std::time::SystemTime;
 
-use super::process::{reject_unidentified, settle_failure};
-use super::{ConsumerOptions, Outcome, Process, TxHandler};
+use super::process::unwind_as_error;
+use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::store::{InboxStore, Recorded};
-use crate::{Delivery, Error, Received, Result};
+use crate::{Error, Received, Result};
 
 /// Processes each message exactly once per consumer: in one transaction it records
 /// `(consumer, id)` under a unique constraint, runs the handler with the transaction,
 /// stores the result and commits; only then does it ack.
 ///
 /// A duplicate (redelivery, concurrent copy on another worker, a crash after commit and
-/// before ack) finds the record, skips the handler and is acked. A failure rolls
-/// everything back and nacks with backoff; after the attempt limit, or at once for a
-/// permanent failure, the message goes to the broker's dead-letter destination.
+/// before ack) finds the record, skips the handler and is acked. A failure (an error or
+/// a panic of the handler) rolls everything back; the [`Consumer`](super::Consumer)
+/// then settles the delivery by the error's [`Fault`](crate::Fault).
 pub struct TransactionalInbox<S, H> {
     store: S,
     handler: H,
@@ -51,7 +51,13 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
     ///
     /// # Errors
     ///
-    /// The handler's or the store's error; nothing was committed then.
+    /// [`Error::InvalidMessage`] if the id strategy finds no id; the handler's error (a
+    /// panic of the handler is a transient [`Error::Handler`]) or the store's; nothing
+    /// was committed then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the transaction back.
     pub async fn handle(&self, received: &Received) -> Result<(Outcome, bytes::Bytes)> {
         let id = self.options.id_strategy.id_of(received)?;
         let consumer = &self.options.consumer;
@@ -59,7 +65,9 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
         if let Recorded::Duplicate { result } = recorded {
             return Ok((Outcome::Duplicate, result));
         }
-        let result = self.handler.handle(received, &mut tx).await?;
+        let result = unwind_as_error(self.handler.handle(received, &mut tx))
+            .await?
+            .into_bytes()?;
         // A record without a stored result reads back as empty: save the round trip.
         if !result.is_empty() {
             self.store
@@ -87,20 +95,17 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
     }
 }
 
-impl<S, H, D> Process<D> for TransactionalInbox<S, H>
+impl<S, H> Process for TransactionalInbox<S, H>
 where
     S: InboxStore,
     H: TxHandler<S::Tx>,
-    D: Delivery,
 {
-    async fn process(&self, delivery: D) -> Result<Outcome> {
-        match self.handle(delivery.received()).await {
-            Ok((outcome, _result)) => {
-                delivery.ack().await?;
-                Ok(outcome)
-            }
-            Err(Error::InvalidMessage(e)) => reject_unidentified(delivery, e, &self.options).await,
-            Err(error) => settle_failure(delivery, error, &self.options).await,
-        }
+    fn options(&self) -> &ConsumerOptions {
+        &self.options
+    }
+
+    async fn process(&self, received: &Received) -> Result<Outcome> {
+        let (outcome, _result) = self.handle(received).await?;
+        Ok(outcome)
     }
 }
