@@ -11,29 +11,44 @@
 //!   own transaction, so a redelivered message is recognised and its effect happens once;
 //! - the **durable inbox**: store on receipt, ack at once, process from the table;
 //! - the **idempotent receiver**: a lease and a cached result in a store beside the
-//!   handler (memory now; Redis and SQL stores implement the same trait).
+//!   handler (memory, Redis, or a table of a SQL store).
 //!
 //! # Example
 //!
+//! An order service and two consumers of its events, on SQLite and the in-process broker:
+//! the order and its event commit together; the relay publishes the event; the payment
+//! service charges each order exactly once (the dedup record commits with the charge);
+//! the mailer, whose effect lives outside the database, runs at most once at a time per
+//! message and answers duplicates with its first result.
+//!
 //! ```
-//! use std::sync::Arc;
-//! use oncebox::consumer::{ConsumerOptions, TransactionalInbox, TxHandler};
-//! use oncebox::memory::MemoryBroker;
+//! use oncebox::consumer::{
+//!     Consumer, ConsumerOptions, IdempotentReceiver, TransactionalInbox, handler_fn,
+//! };
+//! use oncebox::memory::{MemoryBroker, MemoryDedupStore};
+//! use oncebox::run::Runner;
 //! use oncebox::spool::{Relay, SpoolOptions};
 //! use oncebox::sqlite::SqliteStore;
-//! use oncebox::{Bytes, Message, Received, Result, Subscriber, Delivery};
+//! use oncebox::{Message, Received, Result};
 //! use sqlx::{Sqlite, Transaction};
 //!
-//! struct Charge;
-//! impl TxHandler<Transaction<'static, Sqlite>> for Charge {
-//!     async fn handle(&self, msg: &Received, tx: &mut Transaction<'static, Sqlite>) -> Result<Bytes> {
-//!         sqlx::query("INSERT INTO charges (order_id) VALUES (?)")
-//!             .bind(msg.key.as_deref())
-//!             .execute(&mut **tx)
-//!             .await
-//!             .map_err(oncebox::Error::store_transient)?;
-//!         Ok(Bytes::from_static(b"charged"))
-//!     }
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Order {
+//!     id: String,
+//!     amount: i64,
+//! }
+//!
+//! /// The payment service's effect, in the inbox's transaction: `?` on the payload and
+//! /// on sqlx errors classifies them (not an order, or a constraint violated: dead-
+//! /// lettered at once; a deadlock: retried; the database unreachable: held until back).
+//! async fn charge(msg: &Received, tx: &mut Transaction<'static, Sqlite>) -> Result<()> {
+//!     let order: Order = msg.payload_json()?;
+//!     sqlx::query("INSERT INTO charges (order_id, amount) VALUES (?, ?)")
+//!         .bind(&order.id)
+//!         .bind(order.amount)
+//!         .execute(&mut **tx)
+//!         .await?;
+//!     Ok(())
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -41,28 +56,62 @@
 //! # let dir = tempfile::tempdir()?;
 //! let store = SqliteStore::connect(dir.path().join("app.db")).await?;
 //! store.migrate().await?;
-//! # sqlx::query("CREATE TABLE charges (order_id TEXT)").execute(store.pool()).await?;
-//! let outbox = store.outbox();
+//! # sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+//! #     .execute(store.pool()).await?;
+//! # sqlx::query("CREATE TABLE charges (order_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+//! #     .execute(store.pool()).await?;
 //!
-//! // Producer: the message commits (or rolls back) with the business write.
+//! // Producer: the event commits (or rolls back) with the order.
+//! let order = Order { id: "order-1".into(), amount: 4200 };
 //! let mut tx = store.pool().begin().await?;
-//! // ... INSERT INTO orders ... on &mut *tx
-//! outbox.enqueue(&mut tx, &Message::new("orders", "{}").with_key("order-1")).await?;
+//! sqlx::query("INSERT INTO orders (id, amount) VALUES (?, ?)")
+//!     .bind(&order.id)
+//!     .bind(order.amount)
+//!     .execute(&mut *tx)
+//!     .await?;
+//! let event = Message::json("orders", &order)?.with_key(&order.id);
+//! store.outbox().enqueue(&mut tx, &event).await?;
 //! tx.commit().await?;
 //!
 //! // Relay: outbox → broker, marked published only after the broker confirmed.
 //! let broker = MemoryBroker::new();
-//! let mut subscriber = broker.subscribe("orders", "payments");
-//! let relay = Relay::relay(outbox, broker.publisher(), SpoolOptions::new())?;
-//! relay.run_once().await?;
+//! let relay = Relay::relay(store.outbox(), broker.publisher(), SpoolOptions::new())?;
 //!
-//! // Consumer: record + effect + result in one transaction, then ack.
-//! let inbox = TransactionalInbox::new(store.inbox(), Charge, ConsumerOptions::new("payments"))?;
-//! let delivery = subscriber.next().await?;
-//! let redelivered = delivery.received().clone();
-//! oncebox::consumer::Process::process(&inbox, delivery).await?;
-//! let (outcome, _first_result) = inbox.handle(&redelivered).await?; // a duplicate
-//! assert_eq!(outcome, oncebox::consumer::Outcome::Duplicate);
+//! // Payments: dedup record + charge in one transaction, then ack.
+//! let payments = TransactionalInbox::new(
+//!     store.inbox(),
+//!     handler_fn(charge),
+//!     ConsumerOptions::new("payments"),
+//! )?;
+//!
+//! // Mailer: a closure; its effect is outside the database.
+//! let mailer = IdempotentReceiver::new(
+//!     MemoryDedupStore::new(100_000),
+//!     handler_fn(|msg: &Received| {
+//!         let order_id = msg.key.clone();
+//!         async move {
+//!             // send the confirmation for `order_id` ...
+//!             # let _ = order_id;
+//!             Ok("sent")
+//!         }
+//!     }),
+//!     ConsumerOptions::new("mailer"),
+//! )?;
+//!
+//! // Run them together; all stop on the signal (here: once the order is charged), and
+//! // the first real error stops them all and returns.
+//! # let pool = store.pool().clone();
+//! # let shutdown = async move {
+//! #     while sqlx::query("SELECT 1 FROM charges").fetch_optional(&pool).await.ok().flatten().is_none() {
+//! #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+//! #     }
+//! # };
+//! Runner::new()
+//!     .spawn("relay", relay)
+//!     .spawn("payments", Consumer::new(broker.subscribe("orders", "payments"), payments))
+//!     .spawn("mailer", Consumer::new(broker.subscribe("orders", "mailer"), mailer))
+//!     .run_until(shutdown) // tokio::signal::ctrl_c(), in a service
+//!     .await?;
 //! # Ok(()) }
 //! ```
 //!

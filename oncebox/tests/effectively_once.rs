@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use oncebox::consumer::{ConsumerOptions, Process, TransactionalInbox, TxHandler};
+use oncebox::consumer::{ConsumerOptions, TransactionalInbox, TxHandler, process_delivery};
 use oncebox::memory::{Faults, MemoryBroker};
 use oncebox::spool::{Relay, SpoolOptions};
 use oncebox::sqlite::SqliteStore;
@@ -114,6 +114,8 @@ impl<P: Publisher> Publisher for CrashAfter<P> {
 struct RecordEffect;
 
 impl TxHandler<Transaction<'static, Sqlite>> for RecordEffect {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,
@@ -231,7 +233,7 @@ async fn run_history(history: History) -> std::result::Result<(), TestCaseError>
                     .map_err(fail)?;
                 drop(delivery);
             } else {
-                inbox.process(delivery).await.map_err(fail)?;
+                process_delivery(&inbox, delivery).await.map_err(fail)?;
             }
         }
 

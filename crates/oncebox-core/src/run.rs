@@ -232,7 +232,10 @@ mod tests {
             .run_until(std::future::pending())
             .await
             .unwrap_err();
-        assert!(matches!(&error, Error::TaskLost(what) if what.contains("relay")), "{error}");
+        assert!(
+            matches!(&error, Error::TaskLost(what) if what.contains("relay")),
+            "{error}"
+        );
         assert_eq!(stopped.load(Ordering::SeqCst), 1);
     }
 

@@ -176,10 +176,14 @@ mod tests {
         for code in ["40001", "40P01", "55P03", "57014", "25P03"] {
             assert_eq!(sqlstate_fault(Some(code)), Fault::Transient, "{code}");
         }
-        for code in ["08006", "08001", "57P01", "57P03", "53300", "53100", "58030"] {
+        for code in [
+            "08006", "08001", "57P01", "57P03", "53300", "53100", "58030",
+        ] {
             assert_eq!(sqlstate_fault(Some(code)), Fault::Outage, "{code}");
         }
-        for code in ["23505", "23502", "22P02", "22021", "42P01", "42601", "XX000"] {
+        for code in [
+            "23505", "23502", "22P02", "22021", "42P01", "42601", "XX000",
+        ] {
             assert_eq!(sqlstate_fault(Some(code)), Fault::Permanent, "{code}");
         }
         assert_eq!(sqlstate_fault(None), Fault::Permanent);
@@ -211,7 +215,10 @@ mod tests {
 
     #[test]
     fn errors_without_a_server() {
-        assert!(matches!(Error::from(sqlx::Error::PoolClosed), Error::Closed));
+        assert!(matches!(
+            Error::from(sqlx::Error::PoolClosed),
+            Error::Closed
+        ));
         assert!(Error::from(sqlx::Error::PoolTimedOut).is_outage());
         let not_found = Error::from(sqlx::Error::RowNotFound);
         assert_eq!(not_found.fault(), Fault::Permanent);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use oncebox_core::consumer::{
-    ConsumerOptions, Handler, IdStrategy, IdempotentReceiver, Outcome, Process,
+    ConsumerOptions, Handler, IdStrategy, IdempotentReceiver, Outcome, process_delivery,
 };
 use oncebox_core::memory::{MemoryBroker, MemoryDedupStore};
 use oncebox_core::{
@@ -50,6 +50,8 @@ fn wire_values_are_checked() {
 struct Count(Arc<AtomicU32>);
 
 impl Handler for Count {
+    type Output = Bytes;
+
     async fn handle(&self, _message: &Received) -> Result<Bytes> {
         self.0.fetch_add(1, Ordering::SeqCst);
         Ok(Bytes::new())
@@ -74,7 +76,9 @@ async fn a_message_without_the_configured_id_is_dead_lettered_with_the_reason() 
         .next()
         .await
         .expect("delivered");
-    let outcome = receiver.process(delivery).await.expect("settled");
+    let outcome = process_delivery(&receiver, delivery)
+        .await
+        .expect("settled");
     let Outcome::DeadLettered { reason } = outcome else {
         panic!("{outcome:?}")
     };

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use oncebox_core::consumer::{
-    ConsumerOptions, Handler, IdempotentReceiver, Outcome, Process, StoreFailure,
+    ConsumerOptions, Handler, IdempotentReceiver, Outcome, StoreFailure, process_delivery,
 };
 use oncebox_core::memory::{MemoryBroker, MemoryDedupStore};
 use oncebox_core::{Bytes, Error, Message, Publisher, Received, Result, Subscriber};
@@ -15,6 +15,8 @@ use oncebox_core::{Bytes, Error, Message, Publisher, Received, Result, Subscribe
 struct CountRuns(Arc<AtomicU32>);
 
 impl Handler for CountRuns {
+    type Output = Bytes;
+
     async fn handle(&self, _message: &Received) -> Result<Bytes> {
         let run = self.0.fetch_add(1, Ordering::SeqCst) + 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -45,17 +47,25 @@ async fn fail_closed_does_not_run_the_handler_while_the_store_is_down() {
     let receiver =
         IdempotentReceiver::new(Arc::clone(&store), runs.clone(), options()).expect("options");
     store.set_down(true);
-    let outcome = receiver
-        .process(deliver(&broker, "mail-closed").await)
-        .await
-        .expect("settled");
-    assert!(matches!(outcome, Outcome::Retrying { .. }), "{outcome:?}");
-    assert_eq!(
-        runs.0.load(Ordering::SeqCst),
-        0,
-        "fail-closed ran the handler"
-    );
-    assert_eq!(broker.stats().nacked, 1);
+    let delivery = deliver(&broker, "mail-closed").await;
+    let back = {
+        let (store, runs) = (Arc::clone(&store), runs.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                runs.0.load(Ordering::SeqCst),
+                0,
+                "fail-closed ran the handler"
+            );
+            store.set_down(false);
+        }
+    };
+    let (outcome, ()) = tokio::join!(process_delivery(&receiver, delivery), back);
+    // Held through the outage and handled once the store answered: no nack, no attempt
+    // spent, the handler ran once.
+    assert_eq!(outcome.expect("settled"), Outcome::Handled);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 1);
+    assert_eq!(broker.stats().nacked, 0);
 }
 
 #[tokio::test]
@@ -70,8 +80,7 @@ async fn fail_open_runs_the_handler_unguarded() {
     )
     .expect("options");
     store.set_down(true);
-    let outcome = receiver
-        .process(deliver(&broker, "mail-open").await)
+    let outcome = process_delivery(&receiver, deliver(&broker, "mail-open").await)
         .await
         .expect("settled");
     assert_eq!(outcome, Outcome::HandledUnguarded);
@@ -99,7 +108,9 @@ async fn duplicates_get_the_first_result_and_concurrent_copies_wait() {
         let receiver = Arc::clone(&receiver);
         workers.spawn(async move {
             let delivery = subscriber.next().await.expect("delivered");
-            receiver.process(delivery).await.expect("settled")
+            process_delivery(&receiver, delivery)
+                .await
+                .expect("settled")
         });
     }
     let outcomes = workers.join_all().await;
@@ -114,7 +125,7 @@ async fn duplicates_get_the_first_result_and_concurrent_copies_wait() {
     );
     assert!(outcomes.iter().all(|o| matches!(
         o,
-        Outcome::Handled | Outcome::Duplicate | Outcome::InProgress
+        Outcome::Handled | Outcome::Duplicate | Outcome::InProgress { .. }
     )));
 }
 
@@ -124,6 +135,8 @@ struct Fails {
 }
 
 impl Handler for Fails {
+    type Output = Bytes;
+
     async fn handle(&self, _message: &Received) -> Result<Bytes> {
         Err(if self.permanent {
             Error::handler_permanent("bad data")
@@ -159,7 +172,11 @@ async fn failures_back_off_then_dead_letter_with_the_reason() {
             .await
             .expect("redelivered after the nack")
             .expect("delivery");
-        outcomes.push(receiver.process(delivery).await.expect("settled"));
+        outcomes.push(
+            process_delivery(&receiver, delivery)
+                .await
+                .expect("settled"),
+        );
     }
     assert!(
         matches!(outcomes[0], Outcome::Retrying { .. }),
@@ -187,8 +204,7 @@ async fn failures_back_off_then_dead_letter_with_the_reason() {
         options(),
     )
     .expect("options");
-    let outcome = receiver
-        .process(deliver(&broker, "mail-poison").await)
+    let outcome = process_delivery(&receiver, deliver(&broker, "mail-poison").await)
         .await
         .expect("settled");
     assert!(

@@ -1,7 +1,9 @@
 //! Compile-time checks: the handles are `Send + Sync` and the engines' futures are
 //! `Send`, so they can be spawned on a multi-threaded runtime.
 
-use oncebox_core::consumer::{Consumer, ConsumerOptions, Handler, IdempotentReceiver, Process};
+use oncebox_core::consumer::{
+    Consumer, ConsumerOptions, Handler, IdempotentReceiver, process_delivery,
+};
 use oncebox_core::memory::{
     MemoryBroker, MemoryDedupStore, MemoryDelivery, MemoryPublisher, MemorySubscriber,
 };
@@ -13,6 +15,8 @@ fn send<T: Send>(_: &T) {}
 
 struct Noop;
 impl Handler for Noop {
+    type Output = Bytes;
+
     async fn handle(&self, _message: &Received) -> Result<Bytes> {
         Ok(Bytes::new())
     }
@@ -27,9 +31,9 @@ fn engine_futures_are_send<S: SpoolStore<Item = Message> + 'static>(
 ) {
     send(&relay.run_once());
     send(&relay.run_until(std::future::pending()));
-    send(&receiver.process(delivery));
-    let consumer = Consumer::new(subscriber, std::sync::Arc::new(receiver));
-    send(&consumer.run_until(std::future::pending(), |_| {}));
+    send(&process_delivery(&receiver, delivery));
+    let consumer = Consumer::new(subscriber, receiver).on_outcome(|_| {});
+    send(&consumer.run_until(std::future::pending()));
 }
 
 #[test]

@@ -291,6 +291,8 @@ async fn durable_complete_is_fenced_by_the_lease_token() {
 struct RecordEffect;
 
 impl TxHandler<Transaction<'static, Sqlite>> for RecordEffect {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,

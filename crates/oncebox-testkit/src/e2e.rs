@@ -470,6 +470,8 @@ impl<I> Effect<I> {
 }
 
 impl<I: InboxHarness> TxHandler<TxOf<I>> for Effect<I> {
+    type Output = Bytes;
+
     async fn handle(&self, message: &Received, tx: &mut TxOf<I>) -> Result<Bytes> {
         let Some(id) = message.id else {
             return Err(Error::handler_permanent(

@@ -191,6 +191,8 @@ impl<H> EffectHandler<H> {
 }
 
 impl<H: InboxHarness> TxHandler<TxOf<H>> for EffectHandler<H> {
+    type Output = Bytes;
+
     async fn handle(&self, message: &Received, tx: &mut TxOf<H>) -> Result<Bytes> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         H::insert_effect(tx, &effect_key(&self.consumer, message)).await?;

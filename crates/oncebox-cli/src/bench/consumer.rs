@@ -22,7 +22,7 @@ use oncebox::consumer::{
 };
 use oncebox::memory::MemoryBroker;
 use oncebox::store::Transactional;
-use oncebox::{Delivery, Publisher};
+use oncebox::{Publisher, Received};
 use tokio::sync::Notify;
 
 use super::backend::Backend;
@@ -36,6 +36,11 @@ const CONSUMER: &str = "bench";
 
 /// Redelivery delay after a failure, for both sides (failures are not expected).
 const RETRY: Duration = Duration::from_millis(100);
+
+/// The options of both sides: failures (not expected) are retried after [`RETRY`].
+fn options() -> ConsumerOptions {
+    ConsumerOptions::new(CONSUMER).backoff(oncebox::Backoff::new().initial(RETRY).max(RETRY))
+}
 
 /// Runs the consumer benchmark on `backend`.
 pub(crate) async fn run<B: Backend>(
@@ -54,16 +59,15 @@ pub(crate) async fn run<B: Backend>(
                     let plain = PlainTx {
                         store: Timed::new(backend.inbox(), &probe),
                         handler: Timed::new(backend.effect(), &probe),
+                        options: options(),
                     };
                     consume(plain, side, round, args).await?
                 }
                 Side::Engine => {
-                    let options = ConsumerOptions::new(CONSUMER)
-                        .backoff(oncebox::Backoff::new().initial(RETRY).max(RETRY));
                     let inbox = TransactionalInbox::new(
                         Timed::new(backend.inbox(), &probe),
                         Timed::new(backend.effect(), &probe),
-                        options,
+                        options(),
                     )?;
                     consume(inbox, side, round, args).await?
                 }
@@ -114,7 +118,7 @@ async fn consume<P>(
     args: &ConsumerArgs,
 ) -> anyhow::Result<(Run, u64)>
 where
-    P: Process<oncebox::memory::MemoryDelivery> + 'static,
+    P: Process + 'static,
 {
     let broker = MemoryBroker::new();
     let publisher = broker.publisher();
@@ -146,10 +150,12 @@ where
             }
         }
     };
-    let consumer = Consumer::new(subscriber, Arc::new(processor)).lanes(args.lanes as usize);
+    let consumer = Consumer::new(subscriber, processor)
+        .lanes(args.lanes as usize)
+        .on_outcome(observe);
     let started = Instant::now();
     consumer
-        .run_until(all_handled.notified(), observe)
+        .run_until(all_handled.notified())
         .await
         .context("consuming")?;
     let elapsed = started.elapsed();
@@ -169,32 +175,22 @@ where
 struct PlainTx<S, H> {
     store: S,
     handler: H,
+    options: ConsumerOptions,
 }
 
-impl<S, H, D> Process<D> for PlainTx<S, H>
+impl<S, H> Process for PlainTx<S, H>
 where
     S: Transactional,
     H: TxHandler<S::Tx>,
-    D: Delivery,
 {
-    async fn process(&self, delivery: D) -> oncebox::Result<Outcome> {
-        let received = delivery.received();
-        let handled = async {
-            let mut tx = self.store.begin().await?;
-            self.handler.handle(received, &mut tx).await?;
-            self.store.commit(tx).await
-        }
-        .await;
-        match handled {
-            Ok(()) => {
-                delivery.ack().await?;
-                Ok(Outcome::Handled)
-            }
-            Err(error) => {
-                tracing::warn!(%error, "baseline handler failed; nacked");
-                delivery.nack(RETRY).await?;
-                Ok(Outcome::Retrying { delay: RETRY })
-            }
-        }
+    fn options(&self) -> &ConsumerOptions {
+        &self.options
+    }
+
+    async fn process(&self, received: &Received) -> oncebox::Result<Outcome> {
+        let mut tx = self.store.begin().await?;
+        self.handler.handle(received, &mut tx).await?;
+        self.store.commit(tx).await?;
+        Ok(Outcome::Handled)
     }
 }

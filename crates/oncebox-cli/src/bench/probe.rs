@@ -184,7 +184,9 @@ impl<S: InboxStore> InboxStore for Timed<S> {
 }
 
 impl<Tx: Send, H: TxHandler<Tx>> TxHandler<Tx> for Timed<H> {
-    async fn handle(&self, message: &Received, tx: &mut Tx) -> Result<Bytes> {
+    type Output = H::Output;
+
+    async fn handle(&self, message: &Received, tx: &mut Tx) -> Result<H::Output> {
         self.probe
             .time("handle", self.inner.handle(message, tx))
             .await

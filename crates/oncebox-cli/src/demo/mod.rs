@@ -382,7 +382,6 @@ async fn supervise_consumer(
             switch: Arc::clone(&switch),
         };
         let observed = Arc::clone(&counters);
-        let consumer = Consumer::new(subscriber, Arc::clone(&inbox)).lanes(8);
         let observe = move |outcome: &Outcome| {
             let counter = match outcome {
                 Outcome::Handled => &observed.handled,
@@ -392,8 +391,11 @@ async fn supervise_consumer(
             };
             counter.fetch_add(1, Ordering::Relaxed);
         };
+        let consumer = Consumer::new(subscriber, Arc::clone(&inbox))
+            .lanes(8)
+            .on_outcome(observe);
         tokio::select! {
-            _ = consumer.run_until(wait_for_stop(stopped.clone()), observe) => return,
+            _ = consumer.run_until(wait_for_stop(stopped.clone())) => return,
             () = switch.crashed() => {
                 counters.consumer_crashes.fetch_add(1, Ordering::Relaxed);
             }

@@ -78,6 +78,8 @@ pub(crate) async fn place_order(
 pub(crate) struct ChargeOrder;
 
 impl TxHandler<Transaction<'static, Sqlite>> for ChargeOrder {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,

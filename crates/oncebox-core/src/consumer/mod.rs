@@ -25,5 +25,5 @@ pub use id::IdStrategy;
 pub use options::{ConsumerOptions, StoreFailure};
 pub use process::{Outcome, Panicked, Process};
 pub use receiver::IdempotentReceiver;
-pub use runner::Consumer;
+pub use runner::{Consumer, process_delivery};
 pub use transactional::TransactionalInbox;

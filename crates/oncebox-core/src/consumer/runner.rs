@@ -155,7 +155,7 @@ struct Lane<P> {
 impl<P: Process> Lane<P> {
     async fn run<D: Delivery>(mut self, mut deliveries: mpsc::Receiver<D>) -> Result<()> {
         while let Some(delivery) = deliveries.recv().await {
-            match self.settle(delivery).await {
+            match settle(&*self.processor, delivery, Some(&mut self.stopped)).await {
                 Ok(Some(outcome)) => {
                     if let Some(observe) = &self.observer {
                         observe(&outcome);
@@ -170,61 +170,91 @@ impl<P: Process> Lane<P> {
         }
         Ok(())
     }
+}
 
-    /// Processes `delivery` (again while the store is out) and settles it; `None` when
-    /// it was left unsettled for the broker to redeliver.
-    async fn settle<D: Delivery>(&mut self, delivery: D) -> Result<Option<Outcome>> {
-        let options = self.processor.options();
-        let attempts = delivery.received().delivery_count.max(1);
-        let mut outages = 0;
-        loop {
-            let error = match unwind_as_error(self.processor.process(delivery.received())).await
-            {
-                Ok(Outcome::InProgress { retry_after }) => {
-                    delivery.nack(retry_after).await?;
-                    return Ok(Some(Outcome::InProgress { retry_after }));
-                }
-                Ok(outcome) => {
-                    delivery.ack().await?;
-                    return Ok(Some(outcome));
-                }
-                Err(error) => error,
-            };
-            match on_failure(&error, attempts, outages, options) {
-                OnFailure::Retry { delay } => {
-                    tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
-                    delivery.nack(delay).await?;
-                    return Ok(Some(Outcome::Retrying { delay }));
-                }
-                OnFailure::DeadLetter { reason } => {
-                    tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
-                    metrics::counter!("oncebox_consumer_dead_letters_total", "consumer" => options.consumer.clone())
-                        .increment(1);
-                    delivery.dead_letter(&reason).await?;
-                    return Ok(Some(Outcome::DeadLettered { reason }));
-                }
-                OnFailure::Hold { delay } => {
-                    outages += 1;
-                    tracing::warn!(consumer = %options.consumer, %error, ?delay, "store unreachable; holding the delivery");
-                    metrics::counter!("oncebox_consumer_outage_retries_total", "consumer" => options.consumer.clone())
-                        .increment(1);
-                    if *self.stopped.borrow() {
+/// Processes one delivery with `processor` and settles it, as each lane of a
+/// [`Consumer`] does (see its table), for callers with a receive loop of their own.
+///
+/// # Errors
+///
+/// A transport error if the broker did not take the settlement (it then redelivers);
+/// [`Error::Closed`] if the store was closed (the delivery is nacked).
+///
+/// # Cancel safety
+///
+/// While the store is out the delivery is held and processed again with backoff, until
+/// the store answers or the future is dropped; dropping it leaves the delivery
+/// unsettled, for the broker to redeliver after its ack timeout.
+pub async fn process_delivery<P: Process, D: Delivery>(
+    processor: &P,
+    delivery: D,
+) -> Result<Outcome> {
+    match settle(processor, delivery, None).await? {
+        Some(outcome) => Ok(outcome),
+        None => unreachable!("only a stop signal leaves a delivery unsettled"),
+    }
+}
+
+/// Processes `delivery` (again while the store is out) and settles it; `None` when it
+/// was nacked because `stopped` said so while it was held.
+async fn settle<P: Process, D: Delivery>(
+    processor: &P,
+    delivery: D,
+    mut stopped: Option<&mut watch::Receiver<bool>>,
+) -> Result<Option<Outcome>> {
+    let options = processor.options();
+    let attempts = delivery.received().delivery_count.max(1);
+    let mut outages = 0;
+    loop {
+        let error = match unwind_as_error(processor.process(delivery.received())).await {
+            Ok(Outcome::InProgress { retry_after }) => {
+                delivery.nack(retry_after).await?;
+                return Ok(Some(Outcome::InProgress { retry_after }));
+            }
+            Ok(outcome) => {
+                delivery.ack().await?;
+                return Ok(Some(outcome));
+            }
+            Err(error) => error,
+        };
+        match on_failure(&error, attempts, outages, options) {
+            OnFailure::Retry { delay } => {
+                tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
+                delivery.nack(delay).await?;
+                return Ok(Some(Outcome::Retrying { delay }));
+            }
+            OnFailure::DeadLetter { reason } => {
+                tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
+                metrics::counter!("oncebox_consumer_dead_letters_total", "consumer" => options.consumer.clone())
+                    .increment(1);
+                delivery.dead_letter(&reason).await?;
+                return Ok(Some(Outcome::DeadLettered { reason }));
+            }
+            OnFailure::Hold { delay } => {
+                outages += 1;
+                tracing::warn!(consumer = %options.consumer, %error, ?delay, "store unreachable; holding the delivery");
+                metrics::counter!("oncebox_consumer_outage_retries_total", "consumer" => options.consumer.clone())
+                    .increment(1);
+                let stop = async {
+                    match stopped.as_deref_mut() {
+                        Some(stopped) => {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = stop => {
                         delivery.nack(delay).await?;
                         return Ok(None);
                     }
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        _ = self.stopped.changed() => {
-                            delivery.nack(delay).await?;
-                            return Ok(None);
-                        }
-                    }
                 }
-                OnFailure::Stop => {
-                    tracing::warn!(consumer = %options.consumer, "the store is closed; stopping");
-                    delivery.nack(Duration::ZERO).await?;
-                    return Err(Error::Closed);
-                }
+            }
+            OnFailure::Stop => {
+                tracing::warn!(consumer = %options.consumer, "the store is closed; stopping");
+                delivery.nack(Duration::ZERO).await?;
+                return Err(Error::Closed);
             }
         }
     }

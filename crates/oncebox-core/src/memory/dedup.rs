@@ -89,8 +89,8 @@ impl MemoryDedupStore {
         self.len() == 0
     }
 
-    /// Fault injection: while down, every call fails with a transient store error, like a
-    /// Redis that cannot be reached.
+    /// Fault injection: while down, every call fails with a store outage, like a Redis
+    /// that cannot be reached.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
     }
@@ -102,7 +102,7 @@ impl MemoryDedupStore {
 
     fn check_up(&self) -> Result<()> {
         if self.down.load(Ordering::SeqCst) {
-            return Err(Error::store_transient(
+            return Err(Error::store_outage(
                 "in-memory dedup store is down (fault injection)",
             ));
         }

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncebox_core::consumer::{ConsumerOptions, Handler, IdempotentReceiver, Outcome, Process};
+use oncebox_core::consumer::{
+    ConsumerOptions, Handler, IdempotentReceiver, Outcome, process_delivery,
+};
 use oncebox_core::store::DedupStore;
 use oncebox_core::{Bytes, Coordinates, Delivery, Error, Message, Received, Result};
 use tokio::sync::Barrier;
@@ -21,6 +23,8 @@ struct CountingHandler {
 }
 
 impl Handler for CountingHandler {
+    type Output = Bytes;
+
     async fn handle(&self, _message: &Received) -> Result<Bytes> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         tokio::time::sleep(self.delay).await;
@@ -129,7 +133,7 @@ async fn deliver_once<S: DedupStore, Hd: Handler>(
     let (delivery, settled) = TestDelivery::new(copy);
     let outcome = ok(
         "IdempotentReceiver::process",
-        receiver.process(delivery).await,
+        process_delivery(receiver, delivery).await,
     );
     let settled = settled
         .lock()
@@ -213,7 +217,7 @@ pub async fn receiver_runs_handler_once<H: DedupHarness>(harness: &H) {
     assert!(
         outcomes.iter().all(|o| matches!(
             o,
-            Outcome::Handled | Outcome::Duplicate | Outcome::InProgress
+            Outcome::Handled | Outcome::Duplicate | Outcome::InProgress { .. }
         )),
         "unexpected outcomes: {outcomes:?}"
     );

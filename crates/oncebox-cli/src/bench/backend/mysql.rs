@@ -241,6 +241,8 @@ fn decode(row: &MySqlRow) -> anyhow::Result<Message> {
 pub(crate) struct MySqlEffect;
 
 impl TxHandler<Transaction<'static, MySql>> for MySqlEffect {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,

@@ -239,6 +239,8 @@ pub(crate) struct PgEffect {
 }
 
 impl TxHandler<Transaction<'static, Postgres>> for PgEffect {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,

@@ -180,6 +180,8 @@ fn decode(row: &sqlx::sqlite::SqliteRow) -> anyhow::Result<Message> {
 pub(crate) struct SqliteEffect;
 
 impl TxHandler<Transaction<'static, Sqlite>> for SqliteEffect {
+    type Output = Bytes;
+
     async fn handle(
         &self,
         message: &Received,
