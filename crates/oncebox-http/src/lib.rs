@@ -18,6 +18,7 @@
 //! | a key, but no [`Principal`] (no credentials) | `400 Bad Request`, handler not run |
 //! | a body over [`max_body_bytes`](IdempotencyOptions::max_body_bytes) (1 MiB) | `413 Content Too Large`, handler not run |
 //! | the store is unreachable | `503` with `Retry-After` (fail closed), or [fail open](IdempotencyOptions::on_store_failure) |
+//! | the store is at capacity | `503` with the store's `Retry-After` (fail closed), or [fail open](IdempotencyOptions::on_store_failure) |
 //! | another method (`GET`, `PUT`, `DELETE`...) | passed through untouched |
 //!
 //! The layer's own errors are `application/problem+json` (RFC 9457); the [`problem`]

@@ -49,6 +49,13 @@
 //! `503 Service Unavailable`, with `Retry-After`: the idempotency store could not be
 //! reached (or held a damaged record), and the layer fails closed rather than risk a
 //! second execution. Retry with the same key.
+//!
+//! # store-at-capacity
+//!
+//! `503 Service Unavailable`, with `Retry-After`: the idempotency store holds as many
+//! live keys as it may and refuses new ones until the oldest expire (the `Retry-After`
+//! is the store's estimate, in whole seconds, at least 1). The handler did not run.
+//! Retry with the same key.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -85,6 +92,8 @@ pub const KEY_REUSED: &str = problem_type!("key-reused");
 pub const BODY_TOO_LARGE: &str = problem_type!("body-too-large");
 /// `type` of [`store-unavailable`](self#store-unavailable).
 pub const STORE_UNAVAILABLE: &str = problem_type!("store-unavailable");
+/// `type` of [`store-at-capacity`](self#store-at-capacity).
+pub const STORE_AT_CAPACITY: &str = problem_type!("store-at-capacity");
 
 /// One of the layer's problems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +106,7 @@ pub(crate) enum Problem {
     KeyReused,
     BodyTooLarge,
     StoreUnavailable,
+    StoreAtCapacity,
 }
 
 impl Problem {
@@ -110,6 +120,7 @@ impl Problem {
             Self::KeyReused => KEY_REUSED,
             Self::BodyTooLarge => BODY_TOO_LARGE,
             Self::StoreUnavailable => STORE_UNAVAILABLE,
+            Self::StoreAtCapacity => STORE_AT_CAPACITY,
         }
     }
 
@@ -121,7 +132,7 @@ impl Problem {
             Self::KeyInUse => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::StoreAtCapacity => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -135,6 +146,7 @@ impl Problem {
             Self::KeyReused => "Idempotency key reused",
             Self::BodyTooLarge => "Request body too large",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::StoreAtCapacity => "Idempotency store at capacity",
         }
     }
 
@@ -179,6 +191,7 @@ mod tests {
             Problem::KeyReused,
             Problem::BodyTooLarge,
             Problem::StoreUnavailable,
+            Problem::StoreAtCapacity,
         ] {
             assert!(
                 problem

@@ -444,3 +444,69 @@ async fn options_are_validated() {
     .expect_err("zero lease");
     assert!(error.is_invalid_input());
 }
+
+/// A store that holds as many live keys as it may: it refuses every new key, as the
+/// bounded stores document (`Error::AtCapacity`).
+struct AtCapacity {
+    retry_after: Duration,
+}
+
+impl DedupStore for AtCapacity {
+    async fn begin(&self, _id: &str, _lease: Duration) -> oncebox_core::Result<Begin> {
+        Err(oncebox_core::Error::AtCapacity {
+            capacity: 3,
+            retry_after: self.retry_after,
+        })
+    }
+
+    async fn complete(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+        _result: &[u8],
+        _ttl: Duration,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+
+    async fn abandon(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_full_store_is_503_with_its_retry_after() {
+    let handler = Handler::new();
+    for (retry_after, seconds) in [
+        (Duration::from_millis(2300), "3"),
+        (Duration::from_secs(7), "7"),
+        (Duration::from_millis(10), "1"),
+        (Duration::ZERO, "1"),
+    ] {
+        let service =
+            layer(AtCapacity { retry_after }, IdempotencyOptions::new()).layer(handler.service());
+        let answer = send(service, post(Some("k-full"), "{}")).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.problem_type(), problem::STORE_AT_CAPACITY);
+        assert_eq!(answer.headers["retry-after"], seconds, "{retry_after:?}");
+    }
+    assert_eq!(handler.calls(), 0, "a full store runs no handler");
+
+    // Failing open runs the handler unprotected, as for any store failure.
+    let open = layer(
+        AtCapacity {
+            retry_after: Duration::from_secs(1),
+        },
+        IdempotencyOptions::new().on_store_failure(StoreFailure::FailOpen),
+    )
+    .layer(handler.service());
+    assert_eq!(
+        send(open, post(Some("k-full"), "{}")).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(handler.calls(), 1);
+}
