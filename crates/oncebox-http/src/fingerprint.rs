@@ -29,20 +29,17 @@ impl Fingerprint {
 }
 
 /// The dedup id of a key: `http-idem:` and, in hex, the first 128 bits of the SHA-256
-/// of the principal (or its absence), the method, the route and the key. Hashing keeps
-/// ids short and principals (which may be API keys) out of the store; 128 bits keep
-/// collisions out of reach (2^64 keys for an even chance of one).
-pub(crate) fn scope_id(principal: Option<&str>, method: &Method, route: &str, key: &str) -> String {
+/// of the principal, the method, the route and the key. Hashing keeps ids short and
+/// principals (which may be credentials) out of the store; 128 bits keep collisions out
+/// of reach (2^64 keys for an even chance of one).
+pub(crate) fn scope_id(principal: &str, method: &Method, route: &str, key: &str) -> String {
     const PREFIX: &str = "http-idem:";
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
-    match principal {
-        Some(principal) => {
-            hasher.update([1]);
-            field(&mut hasher, principal.as_bytes());
-        }
-        None => hasher.update([0]),
-    }
+    // The tag byte once told principals from their absence; it stays so that ids of
+    // keys stored by earlier versions still match.
+    hasher.update([1]);
+    field(&mut hasher, principal.as_bytes());
     field(&mut hasher, method.as_str().as_bytes());
     field(&mut hasher, route.as_bytes());
     field(&mut hasher, key.as_bytes());
@@ -68,7 +65,7 @@ mod tests {
 
     #[test]
     fn scope_separates_every_part() {
-        let base = scope_id(Some("a"), &Method::POST, "/pay", "k");
+        let base = scope_id("a", &Method::POST, "/pay", "k");
         assert!(base.starts_with("http-idem:"));
         assert_eq!(base.len(), 10 + 32);
         assert!(
@@ -76,19 +73,28 @@ mod tests {
                 .bytes()
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         );
-        assert_eq!(base, scope_id(Some("a"), &Method::POST, "/pay", "k"));
+        assert_eq!(base, scope_id("a", &Method::POST, "/pay", "k"));
         for other in [
-            scope_id(Some("b"), &Method::POST, "/pay", "k"),
-            scope_id(None, &Method::POST, "/pay", "k"),
-            scope_id(Some(""), &Method::POST, "/pay", "k"),
-            scope_id(Some("a"), &Method::PATCH, "/pay", "k"),
-            scope_id(Some("a"), &Method::POST, "/pay2", "k"),
-            scope_id(Some("a"), &Method::POST, "/pay", "k2"),
+            scope_id("b", &Method::POST, "/pay", "k"),
+            scope_id("", &Method::POST, "/pay", "k"),
+            scope_id("a", &Method::PATCH, "/pay", "k"),
+            scope_id("a", &Method::POST, "/pay2", "k"),
+            scope_id("a", &Method::POST, "/pay", "k2"),
             // Moving bytes between fields changes the id.
-            scope_id(Some("a/pay"), &Method::POST, "", "k"),
+            scope_id("a/pay", &Method::POST, "", "k"),
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn scope_ids_are_stable_across_versions() {
+        // The id of this scope as every version so far has computed it: a stored key
+        // stays found after an upgrade.
+        assert_eq!(
+            scope_id("a", &Method::POST, "/pay", "k"),
+            "http-idem:20c4e535663ecad1609d3b62aa3ae001"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tower_service::Service;
 use crate::body::{Collected, RequestBody, ResponseBody, Unfinished, collect_limited};
 use crate::fingerprint::Fingerprint;
 use crate::layer::Shared;
-use crate::options::{IDEMPOTENT_REPLAYED, IdempotencyOptions};
+use crate::options::{IDEMPOTENT_REPLAYED, IdempotencyOptions, retry_after_secs};
 use crate::problem::Problem;
 use crate::record::StoredResponse;
 use crate::service::too_large;
@@ -152,8 +152,8 @@ fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
     response
 }
 
-/// The store failed (or held a damaged record): `503`, or with
-/// [`StoreFailure::FailOpen`] the handler runs unprotected.
+/// The store failed, is at capacity, or held a damaged record: `503` with `Retry-After`,
+/// or with [`StoreFailure::FailOpen`] the handler runs unprotected.
 async fn store_failed<Svc, ReqB, ResB>(
     error: Error,
     options: &IdempotencyOptions,
@@ -174,8 +174,15 @@ where
                 .await
                 .map(|response| response.map(ResponseBody::inner))
         }
-        // `StoreFailure` is non-exhaustive: anything new fails closed too.
+        // Anything but an explicit fail-open fails closed.
         _ => {
+            if let Error::AtCapacity { retry_after, .. } = error {
+                tracing::warn!(%error, "idempotency store at capacity: answering 503");
+                return Ok(Problem::StoreAtCapacity.response(
+                    "the idempotency store is full until its oldest keys expire; retry with the same key",
+                    Some(retry_after_secs(retry_after)),
+                ));
+            }
             tracing::warn!(%error, "idempotency store failed: answering 503");
             Ok(Problem::StoreUnavailable.response(
                 "the idempotency store is unavailable; retry with the same key",

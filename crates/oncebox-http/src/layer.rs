@@ -8,7 +8,7 @@ use oncebox_core::store::DedupStore;
 use tower::Layer;
 
 use crate::options::IdempotencyOptions;
-use crate::principal::{Anonymous, Principal};
+use crate::principal::Principal;
 use crate::service::Idempotency;
 
 /// The store and options every clone of the layer and its services share.
@@ -21,47 +21,50 @@ pub(crate) struct Shared<S> {
 /// the first request with a key runs the inner service and its response is stored;
 /// every retry with the same key gets that response replayed, byte for byte.
 ///
-/// `S` is any [`DedupStore`]: memory, layered, SQLite, PostgreSQL, Redis. `P` finds the
-/// request's [`Principal`]; the default, [`Anonymous`], scopes keys by method and route
-/// only. See the [crate documentation](crate) for the protocol.
+/// `S` is any [`DedupStore`]: memory, layered, SQLite, PostgreSQL, Redis. `P` is the
+/// [`Principal`] that says who sent a request: keys are kept per principal, so no caller
+/// ever gets another caller's response, and a request with a key but no principal is
+/// refused. There is no default: choose one. See the [crate documentation](crate) for
+/// the protocol.
 ///
 /// ```
 /// use oncebox_core::memory::MemoryDedupStore;
 /// use oncebox_http::{HeaderPrincipal, IdempotencyLayer, IdempotencyOptions};
 ///
 /// # fn build() -> oncebox_core::Result<()> {
-/// let layer = IdempotencyLayer::new(MemoryDedupStore::default(), IdempotencyOptions::new())?
-///     .principal(HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")));
+/// // Keys are kept per API key.
+/// let layer = IdempotencyLayer::new(
+///     MemoryDedupStore::default(),
+///     HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")),
+///     IdempotencyOptions::new(),
+/// )?;
 /// # let _ = layer; Ok(()) }
 /// ```
-pub struct IdempotencyLayer<S, P = Anonymous> {
+pub struct IdempotencyLayer<S, P> {
     shared: Arc<Shared<S>>,
     principal: P,
 }
 
-impl<S: DedupStore + 'static> IdempotencyLayer<S, Anonymous> {
-    /// A layer over `store`, with anonymous principals.
+impl<S: DedupStore + 'static, P: Principal> IdempotencyLayer<S, P> {
+    /// A layer over `store` that keeps keys per `principal`, as `options` say.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidOptions`](oncebox_core::Error::InvalidOptions) if `options` fail
     /// [`validate`](IdempotencyOptions::validate).
-    pub fn new(store: S, options: IdempotencyOptions) -> Result<Self> {
+    pub fn new(store: S, principal: P, options: IdempotencyOptions) -> Result<Self> {
         options.validate()?;
         Ok(Self {
             shared: Arc::new(Shared { store, options }),
-            principal: Anonymous,
+            principal,
         })
     }
 }
 
 impl<S, P> IdempotencyLayer<S, P> {
-    /// The same layer, finding principals with `principal`.
-    pub fn principal<Q: Principal>(self, principal: Q) -> IdempotencyLayer<S, Q> {
-        IdempotencyLayer {
-            shared: self.shared,
-            principal,
-        }
+    /// The principal.
+    pub fn principal(&self) -> &P {
+        &self.principal
     }
 
     /// The store.

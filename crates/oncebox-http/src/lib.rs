@@ -15,8 +15,10 @@
 //! | same key, another method, path or body | `422 Unprocessable Content` |
 //! | no key where [`required`](IdempotencyOptions::required) | `400 Bad Request` |
 //! | a key that is not 1..=255 visible ASCII characters | `400 Bad Request` |
+//! | a key, but no [`Principal`] (no credentials) | `400 Bad Request`, handler not run |
 //! | a body over [`max_body_bytes`](IdempotencyOptions::max_body_bytes) (1 MiB) | `413 Content Too Large`, handler not run |
 //! | the store is unreachable | `503` with `Retry-After` (fail closed), or [fail open](IdempotencyOptions::on_store_failure) |
+//! | the store is at capacity | `503` with the store's `Retry-After` (fail closed), or [fail open](IdempotencyOptions::on_store_failure) |
 //! | another method (`GET`, `PUT`, `DELETE`...) | passed through untouched |
 //!
 //! The layer's own errors are `application/problem+json` (RFC 9457); the [`problem`]
@@ -30,11 +32,13 @@
 //! use oncebox_http::{HeaderPrincipal, IdempotencyLayer, IdempotencyOptions};
 //!
 //! # fn app() -> oncebox_core::Result<Router> {
+//! // Keys are kept per caller, here per `Authorization` header: no caller ever gets
+//! // another's response, and a request with a key but no credentials is refused.
 //! let idempotency = IdempotencyLayer::new(
 //!     MemoryDedupStore::default(),
+//!     HeaderPrincipal::authorization(),
 //!     IdempotencyOptions::new().required(true),
-//! )?
-//! .principal(HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")));
+//! )?;
 //!
 //! let app = Router::new()
 //!     .route("/payments", post(|| async { "charged" }))
@@ -54,13 +58,24 @@
 //! | [`LayeredDedupStore`](oncebox_core::memory::LayeredDedupStore) | `oncebox-core` | replays from memory, in front of a shared store |
 //! | `SqliteDedupStore` | `oncebox-sqlite` | one host |
 //! | `PgDedupStore` | `oncebox-postgres` | shared, durable |
+//! | `MySqlDedupStore` | `oncebox-mysql` | shared, durable |
 //! | `RedisDedupStore` | `oncebox-redis` | shared, fast, as durable as Redis is configured |
 //!
 //! # Scope and fingerprint
 //!
-//! A key is scoped by the request's [`Principal`] (an API key, an authenticated subject,
-//! a tenant: two principals with the same key never see each other's responses), the
-//! method, and the route: with the `axum` feature, the route template
+//! A key is scoped by the request's [`Principal`], the method, and the route.
+//!
+//! The principal says who sent the request: a credential, an authenticated subject, a
+//! tenant. Every layer is built with one (there is no default), and two principals with
+//! the same key never see each other's responses. A request with a key but no principal
+//! is refused with `400` ([`principal-missing`](problem#principal-missing)) rather than
+//! put in a scope it would share with other unidentified callers. [`Principal`] lists
+//! the choices; [`SharedScope`], one scope for all callers, is an explicit opt-in for a
+//! service with a single trusted client. Where an authentication layer checks
+//! credentials, run it before this one (with axum's `Router::layer`, add it after) so
+//! that unauthenticated callers get its `401`.
+//!
+//! The route is, with the `axum` feature, the route template
 //! (`/orders/{id}/refund`) when axum matched one before the layer ran (as it has for
 //! `Router::layer` and `Router::route_layer`), else the path (as when the layer wraps a
 //! whole router as a service). The scope is hashed (SHA-256) into the dedup id, so
@@ -124,5 +139,5 @@ pub use key::{IdempotencyKey, KeyError};
 pub use layer::IdempotencyLayer;
 pub use oncebox_core::consumer::StoreFailure;
 pub use options::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyOptions, MAX_KEY_LEN};
-pub use principal::{Anonymous, HeaderPrincipal, Principal};
+pub use principal::{HeaderPrincipal, Principal, SharedScope};
 pub use service::Idempotency;

@@ -145,14 +145,16 @@ impl IdempotencyOptions {
     }
 
     /// The `Retry-After` sent with `409` (key in use) and `503` (store unavailable),
-    /// rounded up to whole seconds. Default: 1 s.
+    /// rounded up to whole seconds. Default: 1 s. A store at capacity says itself when
+    /// to retry, and its `503` carries that.
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = after;
         self
     }
 
-    /// What to do when the store fails. Default: [`StoreFailure::FailClosed`]: `503`
-    /// with `Retry-After`. [`StoreFailure::FailOpen`] runs the handler unprotected.
+    /// What to do when the store fails or is at capacity. Default:
+    /// [`StoreFailure::FailClosed`]: `503` with `Retry-After`. [`StoreFailure::FailOpen`]
+    /// runs the handler unprotected.
     pub fn on_store_failure(mut self, failure: StoreFailure) -> Self {
         self.on_store_failure = failure;
         self
@@ -192,14 +194,19 @@ impl IdempotencyOptions {
 
     /// `Retry-After` in whole seconds, at least 1.
     pub(crate) fn retry_after_secs(&self) -> u64 {
-        let secs = self.retry_after.as_secs();
-        let secs = if self.retry_after.subsec_nanos() > 0 {
-            secs.saturating_add(1)
-        } else {
-            secs
-        };
-        secs.max(1)
+        retry_after_secs(self.retry_after)
     }
+}
+
+/// `after` as a `Retry-After` value: whole seconds, rounded up, at least 1.
+pub(crate) fn retry_after_secs(after: Duration) -> u64 {
+    let secs = after.as_secs();
+    let secs = if after.subsec_nanos() > 0 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    };
+    secs.max(1)
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {

@@ -12,6 +12,18 @@
 //! `400 Bad Request`: the key is empty, longer than 255 bytes, holds characters outside
 //! visible ASCII, or the header was sent twice.
 //!
+//! # principal-missing
+//!
+//! `400 Bad Request`: the request carries an idempotency key but nothing that says who
+//! sent it (no credentials where the layer looks for its
+//! [`Principal`](crate::Principal)). Keys are kept per caller, so the layer refuses to
+//! run the request in a scope shared with other unidentified callers. The handler did
+//! not run. Send the request with the credentials the API expects.
+//!
+//! Not `401 Unauthorized`: a `401` must carry the `WWW-Authenticate` challenge of the
+//! API's authentication, which this layer does not know. Run the authentication layer
+//! before this one and it answers unauthenticated callers with its own `401`.
+//!
 //! # body-unreadable
 //!
 //! `400 Bad Request`: the request body failed while it was read (the connection broke).
@@ -37,6 +49,13 @@
 //! `503 Service Unavailable`, with `Retry-After`: the idempotency store could not be
 //! reached (or held a damaged record), and the layer fails closed rather than risk a
 //! second execution. Retry with the same key.
+//!
+//! # store-at-capacity
+//!
+//! `503 Service Unavailable`, with `Retry-After`: the idempotency store holds as many
+//! live keys as it may and refuses new ones until the oldest expire (the `Retry-After`
+//! is the store's estimate, in whole seconds, at least 1). The handler did not run.
+//! Retry with the same key.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -61,6 +80,8 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 pub const KEY_MISSING: &str = problem_type!("key-missing");
 /// `type` of [`key-invalid`](self#key-invalid).
 pub const KEY_INVALID: &str = problem_type!("key-invalid");
+/// `type` of [`principal-missing`](self#principal-missing).
+pub const PRINCIPAL_MISSING: &str = problem_type!("principal-missing");
 /// `type` of [`body-unreadable`](self#body-unreadable).
 pub const BODY_UNREADABLE: &str = problem_type!("body-unreadable");
 /// `type` of [`key-in-use`](self#key-in-use).
@@ -71,17 +92,21 @@ pub const KEY_REUSED: &str = problem_type!("key-reused");
 pub const BODY_TOO_LARGE: &str = problem_type!("body-too-large");
 /// `type` of [`store-unavailable`](self#store-unavailable).
 pub const STORE_UNAVAILABLE: &str = problem_type!("store-unavailable");
+/// `type` of [`store-at-capacity`](self#store-at-capacity).
+pub const STORE_AT_CAPACITY: &str = problem_type!("store-at-capacity");
 
 /// One of the layer's problems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Problem {
     KeyMissing,
     KeyInvalid,
+    PrincipalMissing,
     BodyUnreadable,
     KeyInUse,
     KeyReused,
     BodyTooLarge,
     StoreUnavailable,
+    StoreAtCapacity,
 }
 
 impl Problem {
@@ -89,21 +114,25 @@ impl Problem {
         match self {
             Self::KeyMissing => KEY_MISSING,
             Self::KeyInvalid => KEY_INVALID,
+            Self::PrincipalMissing => PRINCIPAL_MISSING,
             Self::BodyUnreadable => BODY_UNREADABLE,
             Self::KeyInUse => KEY_IN_USE,
             Self::KeyReused => KEY_REUSED,
             Self::BodyTooLarge => BODY_TOO_LARGE,
             Self::StoreUnavailable => STORE_UNAVAILABLE,
+            Self::StoreAtCapacity => STORE_AT_CAPACITY,
         }
     }
 
     fn status(self) -> StatusCode {
         match self {
-            Self::KeyMissing | Self::KeyInvalid | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Self::KeyMissing | Self::KeyInvalid | Self::PrincipalMissing | Self::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
             Self::KeyInUse => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::StoreAtCapacity => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -111,11 +140,13 @@ impl Problem {
         match self {
             Self::KeyMissing => "Idempotency key missing",
             Self::KeyInvalid => "Idempotency key invalid",
+            Self::PrincipalMissing => "Caller not identified",
             Self::BodyUnreadable => "Request body unreadable",
             Self::KeyInUse => "Idempotency key in use",
             Self::KeyReused => "Idempotency key reused",
             Self::BodyTooLarge => "Request body too large",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::StoreAtCapacity => "Idempotency store at capacity",
         }
     }
 
@@ -154,11 +185,13 @@ mod tests {
         for problem in [
             Problem::KeyMissing,
             Problem::KeyInvalid,
+            Problem::PrincipalMissing,
             Problem::BodyUnreadable,
             Problem::KeyInUse,
             Problem::KeyReused,
             Problem::BodyTooLarge,
             Problem::StoreUnavailable,
+            Problem::StoreAtCapacity,
         ] {
             assert!(
                 problem

@@ -114,19 +114,24 @@ where
                 );
             }
         };
-        if let Some(length) = declared_length(request.headers())
+        let (mut parts, body) = request.into_parts();
+        let Some(principal) = self
+            .principal
+            .principal(&parts)
+            .filter(|principal| !principal.is_empty())
+        else {
+            return ResponseFuture::ready(Problem::PrincipalMissing.response(
+                "idempotency keys are kept per caller, and this request does not say who \
+                 sent it; send it with the credentials this API expects",
+                None,
+            ));
+        };
+        if let Some(length) = declared_length(&parts.headers)
             && length > options.max_body_bytes as u64
         {
             return ResponseFuture::ready(too_large(options.max_body_bytes));
         }
-        let (mut parts, body) = request.into_parts();
-        let principal = self.principal.principal(&parts);
-        let scope = scope_id(
-            principal.as_deref(),
-            &parts.method,
-            route_of(&parts),
-            key.as_str(),
-        );
+        let scope = scope_id(&principal, &parts.method, route_of(&parts), key.as_str());
         parts.extensions.insert(key);
         // The service that was polled ready goes with the request; this one keeps a clone.
         let clone = self.inner.clone();

@@ -9,7 +9,9 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use oncebox_core::memory::MemoryDedupStore;
-use oncebox_http::{IdempotencyKey, IdempotencyLayer, IdempotencyOptions, problem};
+use oncebox_http::{
+    HeaderPrincipal, IdempotencyKey, IdempotencyLayer, IdempotencyOptions, problem,
+};
 use tower::ServiceExt;
 
 async fn refund(key: IdempotencyKey, body: String) -> String {
@@ -21,6 +23,7 @@ async fn refund(key: IdempotencyKey, body: String) -> String {
 
 async fn call(app: &Router, path: &str, key: &str, body: &'static str) -> (StatusCode, String) {
     let request = Request::post(path)
+        .header("authorization", "Bearer shop-1")
         .header("idempotency-key", key)
         .body(Body::from(body))
         .expect("request");
@@ -35,9 +38,10 @@ async fn call(app: &Router, path: &str, key: &str, body: &'static str) -> (Statu
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn layer() -> IdempotencyLayer<Arc<MemoryDedupStore>> {
+fn layer() -> IdempotencyLayer<Arc<MemoryDedupStore>, HeaderPrincipal> {
     IdempotencyLayer::new(
         Arc::new(MemoryDedupStore::new(1000)),
+        HeaderPrincipal::authorization(),
         IdempotencyOptions::new(),
     )
     .expect("valid options")

@@ -13,7 +13,8 @@ use http_body_util::{BodyExt, Full};
 use oncebox_core::memory::MemoryDedupStore;
 use oncebox_core::store::{Begin, DedupStore};
 use oncebox_http::{
-    IdempotencyLayer, IdempotencyOptions, RequestBody, ResponseBody, StoreFailure, problem,
+    HeaderPrincipal, IdempotencyLayer, IdempotencyOptions, RequestBody, ResponseBody, StoreFailure,
+    problem,
 };
 use tower::{Layer, Service, ServiceExt, service_fn};
 
@@ -81,8 +82,9 @@ impl Handler {
     }
 }
 
+/// A `POST` from one caller (its API key in `Authorization`), with `key` if given.
 fn post(key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
-    let mut request = Request::post("/orders?x=1");
+    let mut request = Request::post("/orders?x=1").header("authorization", "Basic c2hvcC0x");
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
     }
@@ -124,18 +126,23 @@ where
     }
 }
 
-fn layer(
-    store: Arc<MemoryDedupStore>,
+fn memory() -> Arc<MemoryDedupStore> {
+    Arc::new(MemoryDedupStore::new(100))
+}
+
+/// The layer over `store`, keeping keys per `Authorization` header.
+fn layer<S: DedupStore + 'static>(
+    store: S,
     options: IdempotencyOptions,
-) -> IdempotencyLayer<Arc<MemoryDedupStore>> {
-    IdempotencyLayer::new(store, options).expect("valid options")
+) -> IdempotencyLayer<S, HeaderPrincipal> {
+    IdempotencyLayer::new(store, HeaderPrincipal::authorization(), options).expect("valid options")
 }
 
 #[tokio::test]
 async fn required_key_missing_or_invalid_is_400() {
     let handler = Handler::new();
     let service =
-        layer(Arc::default(), IdempotencyOptions::new().required(true)).layer(handler.service());
+        layer(memory(), IdempotencyOptions::new().required(true)).layer(handler.service());
     let missing = send(service.clone(), post(None, "{}")).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.problem_type(), problem::KEY_MISSING);
@@ -219,7 +226,7 @@ async fn other_methods_and_keyless_requests_pass_through() {
 #[tokio::test]
 async fn the_handler_sees_the_body_and_the_key() {
     let handler = Handler::new();
-    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let service = layer(memory(), IdempotencyOptions::new()).layer(handler.service());
     let answer = send(service, post(Some("k-seen"), "{\"a\":1}")).await;
     let text = String::from_utf8_lossy(&answer.body);
     assert!(text.contains("key Some(\"k-seen\")"), "{text}");
@@ -229,7 +236,7 @@ async fn the_handler_sees_the_body_and_the_key() {
 #[tokio::test]
 async fn path_and_query_are_part_of_the_fingerprint() {
     let handler = Handler::new();
-    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let service = layer(memory(), IdempotencyOptions::new()).layer(handler.service());
     send(service.clone(), post(Some("k-q"), "{}")).await;
     let mut other_query = post(Some("k-q"), "{}");
     *other_query.uri_mut() = "/orders?x=2".parse().expect("uri");
@@ -305,9 +312,7 @@ impl DedupStore for Junk {
 #[tokio::test]
 async fn damaged_record_is_a_store_failure_not_a_panic() {
     let handler = Handler::new();
-    let service = IdempotencyLayer::new(Junk, IdempotencyOptions::new())
-        .expect("valid options")
-        .layer(handler.service());
+    let service = layer(Junk, IdempotencyOptions::new()).layer(handler.service());
     let answer = send(service, post(Some("k-junk"), "{}")).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.problem_type(), problem::STORE_UNAVAILABLE);
@@ -330,7 +335,7 @@ async fn inner_errors_pass_through_and_free_the_key() {
             }
         }
     });
-    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(failing);
+    let service = layer(memory(), IdempotencyOptions::new()).layer(failing);
     let error = service.clone().oneshot(post(Some("k-err"), "{}")).await;
     assert!(
         matches!(error, Err(Boom)),
@@ -348,7 +353,7 @@ async fn inner_errors_pass_through_and_free_the_key() {
 async fn dropped_future_frees_the_key_at_once() {
     let mut handler = Handler::new();
     handler.delay = Duration::from_secs(3600);
-    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let service = layer(memory(), IdempotencyOptions::new()).layer(handler.service());
     let mut future = Box::pin(service.clone().oneshot(post(Some("k-drop"), "{}")));
     // Poll until the handler runs, then hang up.
     let _ = tokio::time::timeout(Duration::from_millis(200), &mut future).await;
@@ -405,11 +410,8 @@ async fn handler_outliving_its_lease_is_fenced() {
 async fn large_responses_are_sent_whole_but_not_stored() {
     let mut handler = Handler::new();
     handler.body_len = 10_000;
-    let service = layer(
-        Arc::default(),
-        IdempotencyOptions::new().max_response_bytes(1000),
-    )
-    .layer(handler.service());
+    let service = layer(memory(), IdempotencyOptions::new().max_response_bytes(1000))
+        .layer(handler.service());
     let first = send(service.clone(), post(Some("k-large"), "{}")).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(
@@ -425,7 +427,7 @@ async fn large_responses_are_sent_whole_but_not_stored() {
 async fn rate_limited_responses_are_not_stored() {
     let mut handler = Handler::new();
     handler.status = StatusCode::TOO_MANY_REQUESTS;
-    let service = layer(Arc::default(), IdempotencyOptions::new()).layer(handler.service());
+    let service = layer(memory(), IdempotencyOptions::new()).layer(handler.service());
     send(service.clone(), post(Some("k-429"), "{}")).await;
     let again = send(service, post(Some("k-429"), "{}")).await;
     assert!(!again.replayed());
@@ -436,8 +438,75 @@ async fn rate_limited_responses_are_not_stored() {
 async fn options_are_validated() {
     let error = IdempotencyLayer::new(
         MemoryDedupStore::new(10),
+        HeaderPrincipal::authorization(),
         IdempotencyOptions::new().lease(Duration::ZERO),
     )
     .expect_err("zero lease");
     assert!(error.is_invalid_input());
+}
+
+/// A store that holds as many live keys as it may: it refuses every new key, as the
+/// bounded stores document (`Error::AtCapacity`).
+struct AtCapacity {
+    retry_after: Duration,
+}
+
+impl DedupStore for AtCapacity {
+    async fn begin(&self, _id: &str, _lease: Duration) -> oncebox_core::Result<Begin> {
+        Err(oncebox_core::Error::AtCapacity {
+            capacity: 3,
+            retry_after: self.retry_after,
+        })
+    }
+
+    async fn complete(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+        _result: &[u8],
+        _ttl: Duration,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+
+    async fn abandon(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_full_store_is_503_with_its_retry_after() {
+    let handler = Handler::new();
+    for (retry_after, seconds) in [
+        (Duration::from_millis(2300), "3"),
+        (Duration::from_secs(7), "7"),
+        (Duration::from_millis(10), "1"),
+        (Duration::ZERO, "1"),
+    ] {
+        let service =
+            layer(AtCapacity { retry_after }, IdempotencyOptions::new()).layer(handler.service());
+        let answer = send(service, post(Some("k-full"), "{}")).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.problem_type(), problem::STORE_AT_CAPACITY);
+        assert_eq!(answer.headers["retry-after"], seconds, "{retry_after:?}");
+    }
+    assert_eq!(handler.calls(), 0, "a full store runs no handler");
+
+    // Failing open runs the handler unprotected, as for any store failure.
+    let open = layer(
+        AtCapacity {
+            retry_after: Duration::from_secs(1),
+        },
+        IdempotencyOptions::new().on_store_failure(StoreFailure::FailOpen),
+    )
+    .layer(handler.service());
+    assert_eq!(
+        send(open, post(Some("k-full"), "{}")).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(handler.calls(), 1);
 }

@@ -8,7 +8,7 @@ use http::Request;
 use oncebox_core::memory::{LayeredDedupStore, MemoryDedupStore};
 use oncebox_http::{
     HeaderPrincipal, Idempotency, IdempotencyKey, IdempotencyLayer, IdempotencyOptions,
-    RequestBody, ResponseBody,
+    RequestBody, ResponseBody, SharedScope,
 };
 use oncebox_redis::RedisDedupStore;
 use oncebox_sqlite::SqliteDedupStore;
@@ -27,16 +27,20 @@ fn future_is_send(
 
 #[test]
 fn handles_are_send_sync_and_clone() {
-    send_sync_clone::<IdempotencyLayer<Arc<MemoryDedupStore>>>();
+    send_sync_clone::<IdempotencyLayer<Arc<MemoryDedupStore>, SharedScope>>();
     send_sync_clone::<IdempotencyLayer<RedisDedupStore, HeaderPrincipal>>();
     send_sync_clone::<IdempotencyLayer<SqliteDedupStore, HeaderPrincipal>>();
-    send_sync_clone::<IdempotencyLayer<Arc<LayeredDedupStore<RedisDedupStore>>>>();
+    send_sync_clone::<IdempotencyLayer<Arc<LayeredDedupStore<RedisDedupStore>>, HeaderPrincipal>>();
     send_sync_clone::<IdempotencyKey>();
     fn send_only<T: Send>() {}
     send_only::<RequestBody<Body>>();
     send_only::<ResponseBody<Body>>();
-    let layer = IdempotencyLayer::new(MemoryDedupStore::new(10), IdempotencyOptions::new())
-        .expect("valid options");
+    let layer = IdempotencyLayer::new(
+        MemoryDedupStore::new(10),
+        HeaderPrincipal::authorization(),
+        IdempotencyOptions::new(),
+    )
+    .expect("valid options");
     let service = layer.layer(tower::service_fn(|_: Request<RequestBody<Body>>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
     }));

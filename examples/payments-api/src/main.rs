@@ -7,8 +7,9 @@
 //!
 //! It needs a Redis server (`ONCEBOX_REDIS_URL`, default `redis://127.0.0.1:6379`) and
 //! listens on `ONCEBOX_LISTEN` (default `127.0.0.1:3000`). Clients authenticate with an
-//! `X-Api-Key` header; keys are scoped to it, so two clients can never see each other's
-//! payments through a shared key.
+//! `X-Api-Key` header; idempotency keys are kept per API key, so two clients can never
+//! see each other's payments through a shared key, and a request with an idempotency key
+//! but no API key is refused.
 //!
 //! ```text
 //! $ curl -si localhost:3000/payments -H 'x-api-key: shop-1' \
@@ -26,6 +27,7 @@
 //! # The same key with another amount: 422, as application/problem+json.
 //! # While the first request still runs: 409 with Retry-After.
 //! # No key at all: 400 (keys are required here).
+//! # A key but no X-Api-Key: 400 (principal-missing); nothing is charged.
 //! ```
 
 use std::collections::HashMap;
@@ -83,14 +85,16 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("connecting to Redis at {redis_url}"))?
         .with_prefix("payments-api:");
     let store = LayeredDedupStore::new(redis, 100_000);
+    // Keys are kept per API key. A real service checks the API key in an authentication
+    // layer added after this one (so that it runs first).
     let idempotency = IdempotencyLayer::new(
         store,
+        HeaderPrincipal::new(HeaderName::from_static("x-api-key")),
         IdempotencyOptions::new()
             .required(true)
             .lease(Duration::from_secs(10))
             .replay_header(header::LOCATION),
-    )?
-    .principal(HeaderPrincipal::new(HeaderName::from_static("x-api-key")));
+    )?;
 
     let app = Router::new()
         .route("/payments", post(create_payment))

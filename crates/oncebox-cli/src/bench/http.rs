@@ -204,9 +204,9 @@ async fn serve(router: Router) -> anyhow::Result<(SocketAddr, tokio::task::JoinH
 async fn measure<S: DedupStore + 'static>(store: S, args: &HttpArgs) -> anyhow::Result<HttpReport> {
     let layer = IdempotencyLayer::new(
         store,
+        HeaderPrincipal::new(HeaderName::from_static("x-api-key")),
         IdempotencyOptions::new().ttl(Duration::from_secs(600)),
-    )?
-    .principal(HeaderPrincipal::new(HeaderName::from_static("x-api-key")));
+    )?;
     let (bare, bare_task) = serve(Router::new().route("/pay", post(pay))).await?;
     let (layered, layered_task) =
         serve(Router::new().route("/pay", post(pay)).layer(layer)).await?;

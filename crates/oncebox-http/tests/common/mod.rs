@@ -118,11 +118,8 @@ impl Drop for Server {
 }
 
 fn router<S: DedupStore + 'static>(store: S, options: IdempotencyOptions, state: App) -> Router {
-    let layer = IdempotencyLayer::new(store, options)
-        .expect("valid options")
-        .principal(HeaderPrincipal::new(http::HeaderName::from_static(
-            "x-api-key",
-        )));
+    let principal = HeaderPrincipal::new(http::HeaderName::from_static("x-api-key"));
+    let layer = IdempotencyLayer::new(store, principal, options).expect("valid options");
     app(state).layer(layer)
 }
 
