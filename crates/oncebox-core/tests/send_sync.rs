@@ -32,7 +32,7 @@ fn engine_futures_are_send<S: SpoolStore<Item = Message> + 'static>(
     send(&relay.run_once());
     send(&relay.run_until(std::future::pending()));
     send(&process_delivery(&receiver, delivery));
-    let consumer = Consumer::new(subscriber, receiver).on_outcome(|_| {});
+    let consumer = Consumer::new(subscriber, receiver).on_outcome(|_, _| {});
     send(&consumer.run_until(std::future::pending()));
 }
 

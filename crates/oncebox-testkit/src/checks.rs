@@ -105,6 +105,7 @@ macro_rules! transport_checks {
             late_ack_is_harmless,
             dead_letter_stops_delivery,
             per_key_order,
+            consumer_settles_by_fault,
             groups_share_work,
             late_group_receives_history,
         );

@@ -30,6 +30,7 @@
 //! | [`late_ack_is_harmless`] | acking after the ack timeout (the message was redelivered) does no harm | |
 //! | [`dead_letter_stops_delivery`] | a dead letter never comes back, the next message flows, the reason is kept | (`dead_letter_inspection` for the reason) |
 //! | [`per_key_order`] | 200 messages on 10 keys, published concurrently across keys, arrive in order per key | `per_key_order` |
+//! | [`consumer_settles_by_fault`] | a consumer dead-letters a permanent failure at once and a transient one after the attempt limit, holds a delivery through an outage of its store without spending attempts, and survives a panicking handler | (`delivery_count` for the attempt count) |
 //! | [`groups_share_work`] | members of a group share its messages, exactly once each; every group gets all | `consumer_groups` |
 //! | [`late_group_receives_history`] | a group created after publishing still gets the messages | `retained_log` |
 //! | [`survives_restart`] | messages confirmed before and after a restart, and one in flight, all arrive | `restart` |
@@ -37,6 +38,7 @@
 mod basics;
 mod capabilities;
 mod check;
+mod consumer;
 mod groups;
 mod ordering;
 mod restart;
@@ -49,6 +51,7 @@ use oncebox_core::{Error, Publisher, Received, Result, Subscriber};
 
 pub use basics::{publish_confirm_and_receive, received_fields_round_trip};
 pub use capabilities::Capabilities;
+pub use consumer::consumer_settles_by_fault;
 pub use groups::{groups_share_work, late_group_receives_history};
 pub use ordering::per_key_order;
 pub use restart::survives_restart;
@@ -157,6 +160,7 @@ pub async fn run_all<H: TransportHarness>(harness: &H) -> Result<()> {
     late_ack_is_harmless(harness).await?;
     dead_letter_stops_delivery(harness).await?;
     per_key_order(harness).await?;
+    consumer_settles_by_fault(harness).await?;
     groups_share_work(harness).await?;
     late_group_receives_history(harness).await?;
     survives_restart(harness).await

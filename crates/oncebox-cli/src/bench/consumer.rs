@@ -139,7 +139,7 @@ where
             Arc::clone(&all_handled),
         );
         let expected = args.messages;
-        move |outcome: &Outcome| match outcome {
+        move |_: &Received, outcome: &Outcome| match outcome {
             Outcome::Handled => {
                 if handled.fetch_add(1, Ordering::Relaxed) + 1 == expected {
                     all_handled.notify_one();

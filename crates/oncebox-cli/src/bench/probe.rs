@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use oncebox::consumer::TxHandler;
 use oncebox::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox::store::{InboxStore, Recorded, Transactional};
-use oncebox::{Bytes, Received, Result};
+use oncebox::{Received, Result};
 use serde::Serialize;
 
 /// The time spent in one step of a run.

@@ -382,7 +382,7 @@ async fn supervise_consumer(
             switch: Arc::clone(&switch),
         };
         let observed = Arc::clone(&counters);
-        let observe = move |outcome: &Outcome| {
+        let observe = move |_: &oncebox::Received, outcome: &Outcome| {
             let counter = match outcome {
                 Outcome::Handled => &observed.handled,
                 Outcome::Duplicate => &observed.duplicates,

@@ -11,10 +11,10 @@ use tokio::task::JoinSet;
 
 use super::process::{OnFailure, on_failure, unwind_as_error};
 use super::{Outcome, Process};
-use crate::{Delivery, Error, Result, Subscriber};
+use crate::{Delivery, Error, Received, Result, Subscriber};
 
-/// Called with each delivery's outcome (metrics, progress, tests).
-type Observer = Arc<dyn Fn(&Outcome) + Send + Sync>;
+/// Called with each delivery and its outcome (metrics, progress, tests).
+type Observer = Arc<dyn Fn(&Received, &Outcome) + Send + Sync>;
 
 /// Pulls deliveries from a [`Subscriber`] and runs a [`Process`] (a
 /// [`TransactionalInbox`](super::TransactionalInbox), [`DurableInbox`](super::DurableInbox)
@@ -60,9 +60,12 @@ where
         self
     }
 
-    /// Calls `observer` with the outcome of every delivery, once it is settled.
+    /// Calls `observer` with every delivery and its outcome, once it is settled.
     #[must_use]
-    pub fn on_outcome(mut self, observer: impl Fn(&Outcome) + Send + Sync + 'static) -> Self {
+    pub fn on_outcome(
+        mut self,
+        observer: impl Fn(&Received, &Outcome) + Send + Sync + 'static,
+    ) -> Self {
         self.observer = Some(Arc::new(observer));
         self
     }
@@ -155,10 +158,12 @@ struct Lane<P> {
 impl<P: Process> Lane<P> {
     async fn run<D: Delivery>(mut self, mut deliveries: mpsc::Receiver<D>) -> Result<()> {
         while let Some(delivery) = deliveries.recv().await {
+            // Settling consumes the delivery: keep a copy only for an observer.
+            let received = self.observer.as_ref().map(|_| delivery.received().clone());
             match settle(&*self.processor, delivery, Some(&mut self.stopped)).await {
                 Ok(Some(outcome)) => {
-                    if let Some(observe) = &self.observer {
-                        observe(&outcome);
+                    if let (Some(observe), Some(received)) = (&self.observer, &received) {
+                        observe(received, &outcome);
                     }
                 }
                 Ok(None) => {}
