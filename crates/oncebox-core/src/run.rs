@@ -12,7 +12,7 @@
 //! # let broker = MemoryBroker::new();
 //! # let receiver = IdempotentReceiver::new(
 //! #     MemoryDedupStore::new(1000),
-//! #     |_: &oncebox_core::Received| async { Ok(()) },
+//! #     oncebox_core::consumer::handler_fn(|_: &oncebox_core::Received| async { Ok(()) }),
 //! #     ConsumerOptions::new("mailer"),
 //! # )?;
 //! let consumer = Consumer::new(broker.subscribe("orders", "mailer"), receiver);

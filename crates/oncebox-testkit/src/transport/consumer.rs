@@ -56,12 +56,10 @@ pub async fn consumer_settles_by_fault<H: TransportHarness>(harness: &H) -> Resu
         seen: Mutex::default(),
     };
     let log = Arc::new(Log::default());
-    let consumer = Consumer::new(subscriber, scripted)
-        .lanes(4)
-        .on_outcome({
-            let log = Arc::clone(&log);
-            move |received: &Received, outcome: &Outcome| log.settled(received, outcome)
-        });
+    let consumer = Consumer::new(subscriber, scripted).lanes(4).on_outcome({
+        let log = Arc::clone(&log);
+        move |received: &Received, outcome: &Outcome| log.settled(received, outcome)
+    });
     let within = check.patience() + check.redelivery_wait() * MAX_ATTEMPTS;
     let finished = tokio::time::timeout(within, consumer.run_until(log.all_final.notified())).await;
     let name = check.name;
@@ -106,7 +104,11 @@ pub async fn consumer_settles_by_fault<H: TransportHarness>(harness: &H) -> Resu
         vec![Outcome::Handled],
         "[{name}] an outage of the store must hold the delivery, not nack it"
     );
-    assert_eq!(of("ok"), vec![Outcome::Handled], "[{name}] the healthy message");
+    assert_eq!(
+        of("ok"),
+        vec![Outcome::Handled],
+        "[{name}] the healthy message"
+    );
     if harness.capabilities().dead_letter_inspection {
         let dead_letters = harness.dead_letters(&check.topic).await?;
         for tag in ["permanent", "transient", "panic"] {
