@@ -147,24 +147,77 @@ where
             .map_err(|e| self.error(column, e))
     }
 
-    /// A non-negative integer column (of the database's type `I`) as `u32`.
+    /// A non-negative integer column (attempts, delivery counts) as `u32`.
     ///
     /// # Errors
     ///
-    /// The column does not decode as `I`, or holds a negative or too large value.
-    pub fn count<I>(&self, column: &'static str) -> Result<u32, RowDecodeError>
+    /// The column is not an integer, or holds a negative or too large value.
+    pub fn count(&self, column: &'static str) -> Result<u32, RowDecodeError>
     where
-        I: for<'a> sqlx::Decode<'a, R::Database>
-            + sqlx::Type<R::Database>
-            + TryInto<u32>
-            + Copy
-            + fmt::Display,
+        R::Database: CountColumn,
     {
-        let value: I = self.get(column)?;
+        let value: <R::Database as CountColumn>::Int = self.get(column)?;
         value
             .try_into()
             .map_err(|_| self.error(column, format!("{value} is not a valid count")))
     }
+
+    /// A binary column holding UTF-8 text (keys and ids kept as bytes).
+    ///
+    /// # Errors
+    ///
+    /// The column is not binary, or its bytes are not UTF-8.
+    pub fn text(&self, column: &'static str) -> Result<Option<String>, RowDecodeError>
+    where
+        Vec<u8>: for<'a> sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|bytes| {
+                String::from_utf8(bytes).map_err(|e| self.error(column, format!("not UTF-8: {e}")))
+            })
+            .transpose()
+    }
+
+    /// A 16-byte binary column holding a UUID.
+    ///
+    /// # Errors
+    ///
+    /// The column is not binary, or does not hold 16 bytes.
+    pub fn uuid(&self, column: &'static str) -> Result<Option<uuid::Uuid>, RowDecodeError>
+    where
+        Vec<u8>: for<'a> sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|bytes| {
+                uuid::Uuid::from_slice(&bytes)
+                    .map_err(|_| self.error(column, format!("{} bytes is not a UUID", bytes.len())))
+            })
+            .transpose()
+    }
+}
+
+/// The integer type of the count columns (`attempts`, `delivery_count`) in oncebox's
+/// schema on each database.
+pub trait CountColumn: sqlx::Database {
+    /// The Rust type the column decodes as.
+    type Int: for<'a> sqlx::Decode<'a, Self> + sqlx::Type<Self> + TryInto<u32> + Copy + fmt::Display;
+}
+
+#[cfg(feature = "sqlite")]
+impl CountColumn for sqlx::Sqlite {
+    type Int = i64;
+}
+
+#[cfg(feature = "postgres")]
+impl CountColumn for sqlx::Postgres {
+    type Int = i32;
+}
+
+#[cfg(feature = "mysql")]
+impl CountColumn for sqlx::MySql {
+    type Int = i32;
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 use std::fmt;
 
 use oncebox_core::Error;
-use sqlx::Row;
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 
 /// Duplicate entry for a unique key (`ER_DUP_ENTRY`, `ER_DUP_ENTRY_WITH_KEY_NAME`).
@@ -95,66 +94,8 @@ pub(crate) fn check_chars(what: &'static str, value: &str, limit: usize) -> Resu
 
 pub use oncebox_core::RowDecodeError;
 
-/// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names
-/// the row.
-pub(crate) struct RowReader<'r> {
-    row: &'r MySqlRow,
-    table: &'r str,
-    name: String,
-}
-
-impl<'r> RowReader<'r> {
-    pub(crate) fn new(row: &'r MySqlRow, table: &'r str, name: impl fmt::Display) -> Self {
-        Self {
-            row,
-            table,
-            name: name.to_string(),
-        }
-    }
-
-    /// A decode error for `column` of this row.
-    pub(crate) fn error(&self, column: &'static str, reason: impl fmt::Display) -> RowDecodeError {
-        RowDecodeError::new(self.table, &self.name, column, reason)
-    }
-
-    /// The value of `column`.
-    pub(crate) fn get<T>(&self, column: &'static str) -> Result<T, RowDecodeError>
-    where
-        T: for<'a> sqlx::Decode<'a, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
-    {
-        self.row
-            .try_get::<T, _>(column)
-            .map_err(|e| self.error(column, e))
-    }
-
-    /// A non-negative `INT` column as `u32`.
-    pub(crate) fn count(&self, column: &'static str) -> Result<u32, RowDecodeError> {
-        let value: i32 = self.get(column)?;
-        u32::try_from(value)
-            .map_err(|_| self.error(column, format!("{value} is not a valid count")))
-    }
-
-    /// A `VARBINARY` column holding UTF-8 text (keys, ids).
-    pub(crate) fn text(&self, column: &'static str) -> Result<Option<String>, RowDecodeError> {
-        let bytes: Option<Vec<u8>> = self.get(column)?;
-        bytes
-            .map(|bytes| {
-                String::from_utf8(bytes).map_err(|e| self.error(column, format!("not UTF-8: {e}")))
-            })
-            .transpose()
-    }
-
-    /// A `BINARY(16)` column holding a UUID.
-    pub(crate) fn uuid(&self, column: &'static str) -> Result<Option<uuid::Uuid>, RowDecodeError> {
-        let bytes: Option<Vec<u8>> = self.get(column)?;
-        bytes
-            .map(|bytes| {
-                uuid::Uuid::from_slice(&bytes)
-                    .map_err(|_| self.error(column, format!("{} bytes is not a UUID", bytes.len())))
-            })
-            .transpose()
-    }
-}
+/// Reads columns of one row, naming the row and column in every failure.
+pub(crate) type RowReader<'r> = oncebox_core::sql::RowReader<'r, MySqlRow>;
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,7 @@
 //! The one place where sqlx errors become oncebox errors, and typed errors for rows that
 //! cannot be read back.
 
-use std::fmt;
-
 use oncebox_core::Error;
-use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 /// Unique violation.
@@ -31,45 +28,8 @@ pub(crate) fn has_code(error: &sqlx::Error, code: &str) -> bool {
 
 pub use oncebox_core::RowDecodeError;
 
-/// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names
-/// the row.
-pub(crate) struct RowReader<'r> {
-    row: &'r PgRow,
-    table: &'r str,
-    name: String,
-}
-
-impl<'r> RowReader<'r> {
-    pub(crate) fn new(row: &'r PgRow, table: &'r str, name: impl fmt::Display) -> Self {
-        Self {
-            row,
-            table,
-            name: name.to_string(),
-        }
-    }
-
-    /// A decode error for `column` of this row.
-    pub(crate) fn error(&self, column: &'static str, reason: impl fmt::Display) -> RowDecodeError {
-        RowDecodeError::new(self.table, &self.name, column, reason)
-    }
-
-    /// The value of `column`.
-    pub(crate) fn get<T>(&self, column: &'static str) -> Result<T, RowDecodeError>
-    where
-        T: for<'a> sqlx::Decode<'a, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-    {
-        self.row
-            .try_get::<T, _>(column)
-            .map_err(|e| self.error(column, e))
-    }
-
-    /// A non-negative `integer` column as `u32`.
-    pub(crate) fn count(&self, column: &'static str) -> Result<u32, RowDecodeError> {
-        let value: i32 = self.get(column)?;
-        u32::try_from(value)
-            .map_err(|_| self.error(column, format!("{value} is not a valid count")))
-    }
-}
+/// Reads columns of one row, naming the row and column in every failure.
+pub(crate) type RowReader<'r> = oncebox_core::sql::RowReader<'r, PgRow>;
 
 #[cfg(test)]
 mod tests {
