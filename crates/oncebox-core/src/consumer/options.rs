@@ -98,7 +98,7 @@ impl ConsumerOptions {
     }
 
     /// The consumer name.
-    pub fn consumer(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.consumer
     }
 
