@@ -17,20 +17,26 @@ const SHARDS: usize = 16;
 
 /// A [`DedupStore`] in process memory, exact within its window.
 ///
-/// Every id inserted is remembered until its lease or TTL ends. There is no admission
-/// filter: an insert is never refused or silently forgotten. Only when more than
-/// `capacity` ids are held does the store evict, oldest insert first, and it counts
-/// evictions in [`MemoryDedupStore::evictions`]. Size `capacity` above the number of ids
-/// your TTL window can hold and evictions stay at zero.
+/// Every id inserted is remembered until its lease or TTL ends: a live id (in progress,
+/// or completed within its TTL) is never evicted, and there is no admission filter.
+/// Memory stays bounded by `capacity`: when it is reached, expired ids make room, and if
+/// none has expired, [`begin`](DedupStore::begin) of a new id is refused with
+/// [`Error::AtCapacity`] (an outage for the consumer, which holds the delivery and tries
+/// again; 503 with `Retry-After` in the HTTP layer) instead of forgetting a live id.
+/// Refusals are counted in [`MemoryDedupStore::refusals`] and the metric
+/// `oncebox_dedup_refused_total{store="memory"}`. Size `capacity` above the number of ids
+/// your TTL window holds and refusals stay at zero. The capacity is spread over 16
+/// shards by the id's hash, so a shard may fill a little before the whole store does.
 ///
 /// Times follow `tokio::time`, so tests with a paused clock can move through leases and
 /// TTLs instantly. Lookups take a lock on one of 16 shards.
 pub struct MemoryDedupStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
+    capacity: usize,
     shard_capacity: usize,
     next_token: AtomicU64,
-    evictions: AtomicU64,
+    refusals: AtomicU64,
     down: AtomicBool,
 }
 
@@ -38,8 +44,11 @@ pub struct MemoryDedupStore {
 struct Shard {
     /// Keys are shared with `order`: one allocation per inserted id.
     entries: HashMap<Arc<str>, Slot>,
-    /// Insertion order, for oldest-first eviction; stale pairs are skipped.
+    /// Insertion order, to drop expired entries oldest first; stale pairs are skipped.
     order: VecDeque<(Arc<str>, u64)>,
+    /// When the first live entry expires, as the last full sweep found: until then a
+    /// full shard has no room and a sweep would find none.
+    next_expiry: Option<Instant>,
 }
 
 struct Slot {
@@ -66,16 +75,17 @@ impl MemoryDedupStore {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
+            capacity,
             shard_capacity: capacity.div_ceil(SHARDS).max(1),
             next_token: AtomicU64::new(1),
-            evictions: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
             down: AtomicBool::new(false),
         }
     }
 
-    /// How many ids were evicted for capacity so far.
-    pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+    /// How many `begin` calls for new ids were refused at capacity so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
     }
 
     /// Number of ids held (in progress or completed, expired ones not yet dropped
@@ -122,6 +132,19 @@ impl MemoryDedupStore {
                 State::Completed { result, .. } => Begin::Completed(result.clone()),
             });
         }
+        shard.drop_expired_front(now);
+        // An expired id is replaced in place; a new one needs room.
+        if !shard.entries.contains_key(id)
+            && let Err(retry_after) = shard.make_room(self.shard_capacity, now)
+        {
+            drop(shard);
+            self.refusals.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("oncebox_dedup_refused_total", "store" => "memory").increment(1);
+            return Err(Error::AtCapacity {
+                capacity: self.capacity,
+                retry_after,
+            });
+        }
         let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
         let generation = token.0;
         let state = State::InProgress {
@@ -134,10 +157,6 @@ impl MemoryDedupStore {
             .entries
             .insert(Arc::clone(&key), Slot { generation, state });
         shard.order.push_back((key, generation));
-        let evicted = shard.shrink(self.shard_capacity, now);
-        if evicted > 0 {
-            self.evictions.fetch_add(evicted, Ordering::Relaxed);
-        }
         Ok(Begin::Started(token))
     }
 
@@ -173,10 +192,39 @@ impl MemoryDedupStore {
 }
 
 impl Shard {
-    /// Drops expired entries from the front, then evicts oldest-first while over
-    /// `capacity`; returns how many live entries were evicted.
-    fn shrink(&mut self, capacity: usize, now: Instant) -> u64 {
-        let mut evicted = 0;
+    /// Makes room for one more entry below `capacity` by dropping expired entries only;
+    /// without room, the time until the first live entry expires.
+    fn make_room(&mut self, capacity: usize, now: Instant) -> Result<(), Duration> {
+        if self.entries.len() < capacity {
+            return Ok(());
+        }
+        if let Some(next) = self.next_expiry
+            && next > now
+        {
+            return Err(next - now);
+        }
+        // Entries expire out of insertion order (leases and TTLs differ): sweep them all,
+        // at most once per expiry.
+        let mut next_expiry: Option<Instant> = None;
+        self.entries.retain(|_, slot| {
+            let until = slot.state.until();
+            if until <= now {
+                return false;
+            }
+            next_expiry = Some(next_expiry.map_or(until, |next| next.min(until)));
+            true
+        });
+        self.next_expiry = next_expiry;
+        self.compact_order();
+        if self.entries.len() < capacity {
+            Ok(())
+        } else {
+            Err(next_expiry.map_or(Duration::ZERO, |next| next - now))
+        }
+    }
+
+    /// Drops expired entries from the front of the insertion order.
+    fn drop_expired_front(&mut self, now: Instant) {
         while let Some((id, generation)) = self.order.front() {
             let current = self
                 .entries
@@ -188,21 +236,21 @@ impl Shard {
                 Some(slot) if slot.state.until() <= now => {
                     self.entries.remove(&**id);
                 }
-                Some(_) if self.entries.len() > capacity => {
-                    self.entries.remove(&**id);
-                    evicted += 1;
-                }
                 Some(_) => break,
             }
             self.order.pop_front();
         }
         // Re-inserted ids leave stale pairs behind the front; keep the queue bounded.
-        if self.order.len() > 2 * capacity + 16 {
-            let entries = &self.entries;
-            self.order
-                .retain(|(id, g)| entries.get(&**id).is_some_and(|s| s.generation == *g));
+        if self.order.len() > 2 * self.entries.len() + 16 {
+            self.compact_order();
         }
-        evicted
+    }
+
+    /// Drops the insertion-order pairs of entries that are gone or were replaced.
+    fn compact_order(&mut self) {
+        let entries = &self.entries;
+        self.order
+            .retain(|(id, g)| entries.get(&**id).is_some_and(|s| s.generation == *g));
     }
 }
 
@@ -291,21 +339,48 @@ mod tests {
                 Begin::Completed(Bytes::from_static(b"ok"))
             );
         }
-        assert_eq!(store.evictions(), 0);
+        assert_eq!(store.refusals(), 0);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn evicts_oldest_first_when_over_capacity() {
+    async fn a_full_store_refuses_new_ids_and_never_forgets_a_live_one() {
         let store = MemoryDedupStore::new(SHARDS); // one per shard
+        let mut held = Vec::new();
+        let mut refused = 0;
         for i in 0..200 {
-            store.begin(&format!("id-{i}"), LEASE).await.unwrap();
+            let id = format!("id-{i}");
+            match store.begin(&id, LEASE).await {
+                Ok(Begin::Started(token)) => {
+                    store.complete(&id, token, b"done", TTL).await.unwrap();
+                    held.push(id);
+                }
+                Err(Error::AtCapacity {
+                    capacity,
+                    retry_after,
+                }) => {
+                    assert_eq!(capacity, SHARDS);
+                    assert!(retry_after > Duration::ZERO && retry_after <= TTL);
+                    refused += 1;
+                }
+                other => panic!("{id}: {other:?}"),
+            }
         }
         assert!(store.len() <= SHARDS);
-        assert!(store.evictions() >= 200 - SHARDS as u64);
-        // The newest id is still held.
+        assert_eq!(store.refusals(), refused);
+        assert_eq!(held.len() + refused as usize, 200);
+        // Every id taken is still answered with its result: nothing live was evicted.
+        for id in &held {
+            assert_eq!(
+                store.begin(id, LEASE).await.unwrap(),
+                Begin::Completed(Bytes::from_static(b"done")),
+                "{id} was forgotten"
+            );
+        }
+        // Once they expire, new ids have room again.
+        tokio::time::advance(TTL + Duration::from_secs(1)).await;
         assert!(matches!(
-            store.begin("id-199", LEASE).await.unwrap(),
-            Begin::InProgress { .. }
+            store.begin("after-expiry", LEASE).await.unwrap(),
+            Begin::Started(_)
         ));
     }
 
