@@ -57,7 +57,9 @@ pub enum Recorded {
 /// - `store_result` keeps the handler's result with the record, in the same transaction.
 ///   The engine skips it for an empty result, so a record without a stored result must
 ///   read back as an empty result.
-/// - `purge` deletes records processed before `before`, at most `limit` per call.
+/// - `purge` deletes records of one consumer processed before `before`, at most `limit`
+///   per call, and never a record of another consumer (each consumer has its own dedup
+///   window).
 pub trait InboxStore: Transactional {
     /// Records that `consumer` processes `id`, inside `tx`.
     ///
@@ -104,12 +106,18 @@ pub trait InboxStore: Transactional {
         result: &[u8],
     ) -> impl Future<Output = Result<()>> + Send;
 
-    /// Deletes at most `limit` records processed before `before`; returns how many.
+    /// Deletes at most `limit` records of `consumer` processed before `before`; returns
+    /// how many.
     ///
     /// # Errors
     ///
     /// A store error.
-    fn purge(&self, before: SystemTime, limit: usize) -> impl Future<Output = Result<u64>> + Send;
+    fn purge(
+        &self,
+        consumer: &str,
+        before: SystemTime,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// What [`DurableInboxStore::accept`] did.

@@ -40,7 +40,7 @@ const INSERT_RESULT: &str = concat!(
 
 /// `?` age ms, `?` limit.
 const PURGE: &str = concat!(
-    "DELETE FROM oncebox_inbox WHERE processed_at < ",
+    "DELETE FROM oncebox_inbox WHERE consumer = ? AND processed_at < ",
     now_ms!(),
     " - ? ORDER BY processed_at LIMIT ?"
 );
@@ -136,11 +136,14 @@ impl InboxStore for MySqlInbox {
         Ok(())
     }
 
-    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
         if limit == 0 {
             return Ok(0);
         }
-        let purge = query(PURGE).bind(ms_since(before)).bind(sql_limit(limit));
+        let purge = query(PURGE)
+            .bind(consumer.as_bytes())
+            .bind(ms_since(before))
+            .bind(sql_limit(limit));
         delete_read_committed(&self.pool, purge).await
     }
 }

@@ -26,6 +26,11 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// more: stop the relays first if that matters.
 pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
 
+/// Version 3, applied after [`SCHEMA_V2`]: the inbox's records indexed by consumer and
+/// time, for the purge each consumer makes of its own records
+/// (`migrations/0003_inbox_by_consumer.sql`). Idempotent; safe with relays running.
+pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.sql");
+
 /// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
 ///
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
@@ -40,6 +45,7 @@ pub fn migrator() -> Migrator {
     let migrations = [
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox claims", SCHEMA_V2),
+        (3, "oncebox inbox by consumer", SCHEMA_V3),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

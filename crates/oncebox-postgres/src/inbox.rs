@@ -82,13 +82,13 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
             )
             .into(),
             purge: format!(
-                "DELETE FROM {t} WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM {t}
-  WHERE processed_at < statement_timestamp() - {age}
+                "DELETE FROM {t} WHERE consumer = $1 AND message_id IN (
+  SELECT message_id FROM {t}
+  WHERE consumer = $1 AND processed_at < statement_timestamp() - {age}
   ORDER BY processed_at
-  LIMIT $2
+  LIMIT $3
   FOR UPDATE SKIP LOCKED)",
-                age = millis_param(1)
+                age = millis_param(2)
             )
             .into(),
         }
@@ -221,11 +221,12 @@ impl InboxStore for PgInbox {
         Ok(())
     }
 
-    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
         if limit == 0 {
             return Ok(0);
         }
         let deleted = query(&self.sql.purge)
+            .bind(consumer)
             .bind(ms_since(before))
             .bind(sql_limit(limit))
             .execute(&self.pool)

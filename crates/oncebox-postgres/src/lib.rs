@@ -56,10 +56,11 @@
 //! Every statement the stores run is built once, when the store is built, with the schema
 //! formatted in; nothing is formatted per call.
 //!
-//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] is
-//! `migrations/0001_init.sql`, with the schema as psql's variable `:"schema"`
-//! (`psql -v schema=oncebox -f 0001_init.sql`), and [`schema_sql`] fills it in. Every
-//! statement in it is idempotent.
+//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] and
+//! [`SCHEMA_V2`] are `migrations/0001_init.sql` and `0002_inbox_by_consumer.sql`, with
+//! the schema as psql's variable `:"schema"` (`psql -v schema=oncebox -f
+//! 0001_init.sql`), and [`schema_sql`] fills it in. Every statement in them is
+//! idempotent.
 //!
 //! # Per-key order with several relays
 //!
@@ -237,7 +238,8 @@ pub use durable::PgDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::PgInbox;
 pub use migrate::{
-    DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, migrator, schema_sql,
+    DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, SCHEMA_V2, migrator,
+    schema_sql,
 };
 pub use outbox::{
     DeadLetter, DebeziumLayout, DebeziumPayload, OutboxStats, PgOutbox, RowState, RowStatus,

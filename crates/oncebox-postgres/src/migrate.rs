@@ -27,7 +27,14 @@ pub const SCHEMA_PLACEHOLDER: &str = ":\"schema\"";
 /// idempotent.
 pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 
-/// [`SCHEMA_V1`] with `schema` filled in.
+/// Version 2, applied after [`SCHEMA_V1`]: the inbox's records indexed by consumer and
+/// time, for the purge each consumer makes of its own records
+/// (`migrations/0002_inbox_by_consumer.sql`, with the same `:"schema"` variable).
+/// Idempotent.
+pub const SCHEMA_V2: &str = include_str!("../migrations/0002_inbox_by_consumer.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`], [`SCHEMA_V2`]), with `schema`
+/// filled in.
 ///
 /// # Errors
 ///
@@ -35,7 +42,10 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// valid schema name (`[a-z_][a-z0-9_]*`, at most 63 bytes, not starting with `pg_`).
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
-    Ok(SCHEMA_V1.replace(SCHEMA_PLACEHOLDER, &quote(schema)))
+    let schema = quote(schema);
+    Ok([SCHEMA_V1, SCHEMA_V2]
+        .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
+        .join("\n"))
 }
 
 /// The migrator of oncebox's tables in `schema`: creates the schema if needed and
@@ -55,14 +65,23 @@ pub fn schema_sql(schema: &str) -> Result<String> {
 /// [`Error::InvalidOptions`](oncebox_core::Error::InvalidOptions) if `schema` is not a
 /// valid schema name.
 pub fn migrator(schema: &str) -> Result<Migrator> {
-    let sql = schema_sql(schema)?;
-    let migrations = vec![Migration::new(
-        1,
-        "oncebox init".into(),
-        MigrationType::Simple,
-        AssertSqlSafe(sql).into_sql_str(),
-        false,
-    )];
+    ident::validate("schema", schema)?;
+    let quoted = quote(schema);
+    let migrations = [
+        (1, "oncebox init", SCHEMA_V1),
+        (2, "oncebox inbox by consumer", SCHEMA_V2),
+    ]
+    .into_iter()
+    .map(|(version, name, sql)| {
+        Migration::new(
+            version,
+            name.into(),
+            MigrationType::Simple,
+            AssertSqlSafe(sql.replace(SCHEMA_PLACEHOLDER, &quoted)).into_sql_str(),
+            false,
+        )
+    })
+    .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.create_schema(quote(schema));
     migrator.dangerous_set_table_name(qualified(schema, MIGRATIONS_TABLE));

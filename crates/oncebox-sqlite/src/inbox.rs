@@ -24,7 +24,8 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result";
 
 const PURGE: &str = "\
 DELETE FROM oncebox_inbox WHERE rowid IN (
-  SELECT rowid FROM oncebox_inbox WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)";
+  SELECT rowid FROM oncebox_inbox WHERE consumer = ?1 AND processed_at < ?2
+  ORDER BY processed_at LIMIT ?3)";
 
 /// Starts a transaction that takes SQLite's write lock at once.
 ///
@@ -107,11 +108,12 @@ impl InboxStore for SqliteInbox {
         Ok(())
     }
 
-    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
         if limit == 0 {
             return Ok(0);
         }
         let deleted = sqlx::query(PURGE)
+            .bind(consumer)
             .bind(to_unix_millis(before))
             .bind(sql_limit(limit))
             .execute(&self.pool)

@@ -16,6 +16,11 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// relays stopped: it drops the lease columns.
 pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
 
+/// Version 3, applied after [`SCHEMA_V2`]: the inbox's records indexed by consumer and
+/// time, for the purge each consumer makes of its own records
+/// (`migrations/0003_inbox_by_consumer.sql`). Idempotent; safe with relays running.
+pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.sql");
+
 /// The migrator of oncebox's tables, recording its work in [`MIGRATIONS_TABLE`].
 ///
 /// [`SqliteStore::migrate`](crate::SqliteStore::migrate) runs it; call it directly to
@@ -39,6 +44,7 @@ pub fn migrator() -> Migrator {
     let migrations = vec![
         migration(1, "oncebox init", SCHEMA_V1),
         migration(2, "oncebox claims", SCHEMA_V2),
+        migration(3, "oncebox inbox by consumer", SCHEMA_V3),
     ];
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);

@@ -137,10 +137,10 @@ async fn inbox_purge_is_bounded() {
     }
     inbox.commit(tx).await.unwrap();
     let past = SystemTime::now() - Duration::from_secs(60);
-    assert_eq!(InboxStore::purge(&inbox, past, 10).await.unwrap(), 0);
+    assert_eq!(InboxStore::purge(&inbox, "c", past, 10).await.unwrap(), 0);
     let future = SystemTime::now() + Duration::from_secs(60);
-    assert_eq!(InboxStore::purge(&inbox, future, 2).await.unwrap(), 2);
-    assert_eq!(InboxStore::purge(&inbox, future, 10).await.unwrap(), 3);
+    assert_eq!(InboxStore::purge(&inbox, "c", future, 2).await.unwrap(), 2);
+    assert_eq!(InboxStore::purge(&inbox, "c", future, 10).await.unwrap(), 3);
 }
 
 #[tokio::test]

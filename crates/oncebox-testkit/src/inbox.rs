@@ -23,7 +23,7 @@
 //! | [`failure_rolls_back_record_and_effect`] | a failed handler leaves neither record nor effect; the retry processes the message |
 //! | [`concurrent_duplicates_have_one_effect`] | 8 workers receiving each message 3 times at once: one effect per message, every duplicate sees the stored result |
 //! | [`many_concurrent_duplicates_have_one_effect`] | the same with 2,000 messages on 50 keys |
-//! | [`purge_is_bounded_and_selective`] | purge deletes records processed before `before`, at most `limit` per call |
+//! | [`purge_is_bounded_and_selective`] | purge deletes one consumer's records processed before `before`, at most `limit` per call, never another consumer's |
 //! | [`purge_respects_dedup_window`] | [`TransactionalInbox::purge_older_than`] refuses an age below the dedup window |
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
 //! | [`durable_processor_runs_each_effect_once`] | two [`DurableInbox::processor`] spools with failing handler calls run each effect once |

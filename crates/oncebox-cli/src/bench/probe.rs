@@ -176,9 +176,9 @@ impl<S: InboxStore> InboxStore for Timed<S> {
             .await
     }
 
-    async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
+    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
         self.probe
-            .time("purge", self.inner.purge(before, limit))
+            .time("purge", self.inner.purge(consumer, before, limit))
             .await
     }
 }

@@ -78,7 +78,8 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
         Ok((Outcome::Handled, result))
     }
 
-    /// Deletes dedup records older than `age`, at most `limit`.
+    /// Deletes this consumer's dedup records older than `age`, at most `limit`; the
+    /// records of other consumers sharing the table are left alone.
     ///
     /// # Errors
     ///
@@ -91,7 +92,9 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
                 age, self.options.dedup_window
             )));
         }
-        self.store.purge(SystemTime::now() - age, limit).await
+        self.store
+            .purge(&self.options.consumer, SystemTime::now() - age, limit)
+            .await
     }
 }
 

@@ -291,23 +291,33 @@ async fn concurrent_duplicates<H: InboxHarness + 'static>(
     );
 }
 
-/// `purge` deletes records processed before `before` and keeps later ones, at most
-/// `limit` per call; a purged id is processed again (the record is what made it a
-/// duplicate).
+/// `purge` deletes one consumer's records processed before `before` and keeps later
+/// ones and every other consumer's, at most `limit` per call; a purged id is processed
+/// again (the record is what made it a duplicate).
 pub async fn purge_is_bounded_and_selective<H: InboxHarness>(harness: &H) {
     let billing = inbox(
         harness,
         EffectHandler::new("billing"),
         ConsumerOptions::new("billing"),
     );
+    // Another consumer of the same table, with a dedup window of its own.
+    let shipping = inbox(
+        harness,
+        EffectHandler::new("shipping"),
+        ConsumerOptions::new("shipping"),
+    );
     let old: Vec<Received> = (0..3).map(|i| received(None, &format!("old{i}"))).collect();
     for message in &old {
         handle("handle an old message", &billing, message).await;
     }
+    handle("shipping handles an old message", &shipping, &old[0]).await;
     let store = harness.store();
     let hour_ago = SystemTime::now() - Duration::from_secs(3600);
     assert_eq!(
-        ok("purge before an hour ago", store.purge(hour_ago, 100).await),
+        ok(
+            "purge before an hour ago",
+            store.purge("billing", hour_ago, 100).await
+        ),
         0,
         "purge deleted young records"
     );
@@ -322,12 +332,22 @@ pub async fn purge_is_bounded_and_selective<H: InboxHarness>(harness: &H) {
     handle("handle a young message", &billing, &young).await;
     let mut batches = Vec::new();
     for _ in 0..4 {
-        batches.push(ok("purge with limit 2", store.purge(before, 2).await));
+        batches.push(ok(
+            "purge with limit 2",
+            store.purge("billing", before, 2).await,
+        ));
     }
     assert_eq!(
         batches,
         [2, 1, 0, 0],
-        "purge deletes the 3 old records, 2 per call, and not the young one"
+        "billing's purge deletes its 3 old records, 2 per call, and neither its young one \
+         nor shipping's"
+    );
+    let (outcome, _) = handle("shipping's old message again", &shipping, &old[0]).await;
+    assert_eq!(
+        outcome,
+        Outcome::Duplicate,
+        "billing's purge deleted a record of shipping, inside shipping's window"
     );
     let (outcome, _) = handle("the young message again", &billing, &young).await;
     assert_eq!(
