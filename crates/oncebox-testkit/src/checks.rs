@@ -66,6 +66,7 @@ macro_rules! inbox_checks {
             many_concurrent_duplicates_have_one_effect,
             purge_is_bounded_and_selective,
             purge_respects_dedup_window,
+            hostile_ids_round_trip,
             durable_accept_dedups,
             durable_processor_runs_each_effect_once,
             durable_stale_complete_is_lease_lost,

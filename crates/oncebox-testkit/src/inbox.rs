@@ -24,6 +24,7 @@
 //! | [`concurrent_duplicates_have_one_effect`] | 8 workers receiving each message 3 times at once: one effect per message, every duplicate sees the stored result |
 //! | [`many_concurrent_duplicates_have_one_effect`] | the same with 2,000 messages on 50 keys |
 //! | [`purge_is_bounded_and_selective`] | purge deletes one consumer's records processed before `before`, at most `limit` per call, never another consumer's |
+//! | [`hostile_ids_round_trip`] | consumer names and ids full of quotes, backslashes, dollar quotes and NUL are data, found again exactly |
 //! | [`purge_respects_dedup_window`] | [`TransactionalInbox::purge_older_than`] refuses an age below the dedup window |
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
 //! | [`durable_processor_runs_each_effect_once`] | two [`DurableInbox::processor`] spools with failing handler calls run each effect once |
@@ -54,8 +55,9 @@ pub use durable::{
 };
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,
-    failure_rolls_back_record_and_effect, many_concurrent_duplicates_have_one_effect,
-    purge_is_bounded_and_selective, purge_respects_dedup_window,
+    failure_rolls_back_record_and_effect, hostile_ids_round_trip,
+    many_concurrent_duplicates_have_one_effect, purge_is_bounded_and_selective,
+    purge_respects_dedup_window,
 };
 
 /// The transaction type of a harness's inbox store.

@@ -400,3 +400,76 @@ pub async fn purge_respects_dedup_window<H: InboxHarness>(harness: &H) {
         "past the window the record is gone"
     );
 }
+
+/// Outside data reaches the store as data: a consumer name and dedup ids full of
+/// quotes, backslashes, dollar quotes, semicolons and comment markers are recorded and
+/// found again exactly (a second delivery is a duplicate with the first result, and a
+/// near-miss of the id is not); an id holding a NUL is recorded too, or refused with a
+/// permanent store error where the database cannot hold the character, never a panic.
+pub async fn hostile_ids_round_trip<H: InboxHarness>(harness: &H) {
+    use oncebox_core::consumer::IdStrategy;
+
+    let consumer = r#"billing'; DROP TABLE x; -- \ $$ $q$ "#;
+    let options = ConsumerOptions::new(consumer).id_strategy(IdStrategy::Header("x-id".into()));
+    let billing = inbox(harness, EffectHandler::new(consumer), options);
+    let with_id = |id: &str, label: &str| {
+        let mut message = received(None, label);
+        ok("a header", message.headers.insert("x-id", id));
+        message
+    };
+    let ids = [
+        r"it's",
+        r"back\slash\'",
+        "$$ semi; colon $tag$ -- /* */",
+        "E'\\x27' || chr(39)",
+        "ünïcödé ✓ 🦀",
+    ];
+    for (n, id) in ids.iter().enumerate() {
+        let message = with_id(id, &format!("hostile{n}"));
+        let (outcome, first) = handle("a hostile id", &billing, &message).await;
+        assert_eq!(
+            outcome,
+            Outcome::Handled,
+            "{id:?}: the first delivery is handled"
+        );
+        let (outcome, again) = handle("the hostile id again", &billing, &message).await;
+        assert_eq!(outcome, Outcome::Duplicate, "{id:?}: not found again");
+        assert_eq!(again, first, "{id:?}: the first result");
+        let near = with_id(&format!("{id} "), &format!("near{n}"));
+        let (outcome, _) = handle("a near miss", &billing, &near).await;
+        assert_eq!(outcome, Outcome::Handled, "{id:?}: a near miss matched it");
+    }
+    // Headers refuse control characters; an id strategy of the application's own may
+    // still hand the store one.
+    let store = harness.store();
+    let recorded = within(
+        "an id with a NUL",
+        STEP,
+        store.begin_recorded(consumer, "nul\0byte"),
+    )
+    .await;
+    match recorded {
+        Ok((tx, Recorded::New)) => {
+            ok("commit the NUL id", store.commit(tx).await);
+            let (_tx, again) = ok(
+                "the NUL id again",
+                within(
+                    "the NUL id again",
+                    STEP,
+                    store.begin_recorded(consumer, "nul\0byte"),
+                )
+                .await,
+            );
+            assert!(
+                matches!(again, Recorded::Duplicate { .. }),
+                "a NUL id kept is found again"
+            );
+        }
+        Ok((_, recorded)) => panic!("a new id with a NUL: {recorded:?}"),
+        Err(error) => assert_eq!(
+            error.fault(),
+            oncebox_core::Fault::Permanent,
+            "an id the database cannot hold is a permanent error: {error}"
+        ),
+    }
+}
