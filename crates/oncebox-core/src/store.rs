@@ -201,8 +201,9 @@ pub enum Begin {
 ///
 /// - `begin` is atomic: of concurrent callers for one id, at most one gets `Started`.
 /// - A lease that ends makes the id free again for `begin`, with a larger token.
-/// - `complete` and `abandon` succeed only for the current token; a stale token gets
-///   [`Error::LeaseLost`](crate::Error::LeaseLost) and changes nothing.
+/// - `extend`, `complete` and `abandon` succeed only for the current token while its
+///   lease lasts; a stale token gets [`Error::LeaseLost`](crate::Error::LeaseLost) and
+///   changes nothing. `extend` moves the end of the lease to `lease` from now.
 /// - A completed id answers `Completed` until its TTL ends; an in-memory store may evict
 ///   earlier only when over capacity, oldest first, and never refuses an insert.
 pub trait DedupStore: Send + Sync {
@@ -224,6 +225,22 @@ pub trait DedupStore: Send + Sync {
         token: FencingToken,
         result: &[u8],
         ttl: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Extends the lease on `id` to `lease` from now, if `token` still holds it (in
+    /// progress, its lease not ended): the idempotent receiver calls it while a handler
+    /// runs, so that a handler slower than one lease keeps the id and no duplicate runs
+    /// beside it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if `token` no longer holds the id
+    /// (its lease ended, or it was completed or abandoned); a store error.
+    fn extend(
+        &self,
+        id: &str,
+        token: FencingToken,
+        lease: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Frees `id` so that it may be retried at once, if `token` still holds it.

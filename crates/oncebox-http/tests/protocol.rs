@@ -300,6 +300,15 @@ impl DedupStore for Junk {
         Ok(())
     }
 
+    async fn extend(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+        _lease: Duration,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+
     async fn abandon(
         &self,
         _id: &str,
@@ -465,6 +474,15 @@ impl DedupStore for AtCapacity {
         _token: oncebox_core::store::FencingToken,
         _result: &[u8],
         _ttl: Duration,
+    ) -> oncebox_core::Result<()> {
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        _id: &str,
+        _token: oncebox_core::store::FencingToken,
+        _lease: Duration,
     ) -> oncebox_core::Result<()> {
         Ok(())
     }

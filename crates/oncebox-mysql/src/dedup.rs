@@ -52,6 +52,18 @@ WHERE id = ? AND token = ? AND state = 'in_progress' AND lease_until > ",
     now_ms!()
 );
 
+/// `?` lease ms, `?` lease ms, `?` id, `?` token.
+const EXTEND: &str = concat!(
+    "UPDATE oncebox_dedup
+SET lease_until = ",
+    now_ms!(),
+    " + ?, expires_at = ",
+    now_ms!(),
+    " + ?
+WHERE id = ? AND token = ? AND state = 'in_progress' AND lease_until > ",
+    now_ms!()
+);
+
 /// `?` id, `?` token.
 const ABANDON: &str = concat!(
     "DELETE FROM oncebox_dedup
@@ -163,6 +175,23 @@ impl DedupStore for MySqlDedupStore {
         let updated = query(COMPLETE)
             .bind(result.to_vec())
             .bind(duration_ms(ttl))
+            .bind(id.as_bytes().to_vec())
+            .bind(token.0)
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if updated.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        let lease = duration_ms(lease).max(1);
+        // Rows matched, as for `complete`: 0 means the token is stale.
+        let updated = query(EXTEND)
+            .bind(lease)
+            .bind(lease)
             .bind(id.as_bytes().to_vec())
             .bind(token.0)
             .execute(&self.pool)

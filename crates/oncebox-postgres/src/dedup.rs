@@ -26,6 +26,8 @@ pub(crate) struct DedupSql {
     held: Arc<str>,
     /// `$1` id, `$2` token, `$3` result, `$4` ttl ms.
     complete: Arc<str>,
+    /// `$1` id, `$2` token, `$3` lease ms.
+    extend: Arc<str>,
     /// `$1` id, `$2` token.
     abandon: Arc<str>,
     /// `$1` limit.
@@ -64,6 +66,15 @@ SET state = 'completed', result = $3, lease_until = NULL,
 WHERE id = $1 AND token = $2 AND state = 'in_progress'
   AND lease_until > statement_timestamp()",
                 ttl = millis_param(4)
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {t}
+SET lease_until = statement_timestamp() + {lease},
+    expires_at = statement_timestamp() + {lease}
+WHERE id = $1 AND token = $2 AND state = 'in_progress'
+  AND lease_until > statement_timestamp()",
+                lease = millis_param(3)
             )
             .into(),
             abandon: format!(
@@ -183,6 +194,20 @@ impl DedupStore for PgDedupStore {
             .bind(token_param(token))
             .bind(result.to_vec())
             .bind(duration_ms(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if updated.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        let updated = query(&self.sql.extend)
+            .bind(id.to_owned())
+            .bind(token_param(token))
+            .bind(duration_ms(lease).max(1))
             .execute(&self.pool)
             .await
             .map_err(store_error)?;

@@ -14,6 +14,8 @@ use crate::error::store_error;
 static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/dedup_begin.lua")));
 static COMPLETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dedup_complete.lua")));
+static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dedup_extend.lua")));
 static ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dedup_abandon.lua")));
 
@@ -43,7 +45,7 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// # Atomicity
 ///
-/// `begin`, `complete` and `abandon` are Lua scripts (`EVALSHA`, loaded on first use and
+/// `begin`, `extend`, `complete` and `abandon` are Lua scripts (`EVALSHA`, loaded on first use and
 /// again after a server restart), so each is one atomic step on the server: of concurrent
 /// `begin`s exactly one starts, and `complete` or `abandon` with a token that no longer
 /// holds the id changes nothing and fails with [`Error::LeaseLost`].
@@ -238,6 +240,18 @@ impl DedupStore for RedisDedupStore {
             )
             .await?;
         decode_finish("complete", reply)
+    }
+
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        let reply = self
+            .run(
+                EXTEND
+                    .key(self.keys.record(id))
+                    .arg(token.0)
+                    .arg(expiry_millis(lease)),
+            )
+            .await?;
+        decode_finish("extend", reply)
     }
 
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {

@@ -34,6 +34,11 @@ UPDATE oncebox_dedup
 SET state = 'completed', result = ?3, lease_until = NULL, expires_at = ?4
 WHERE id = ?1 AND token = ?2 AND state = 'in_progress' AND lease_until > ?5";
 
+/// `?1` id, `?2` token, `?3` lease until, `?4` now.
+const EXTEND: &str = "\
+UPDATE oncebox_dedup SET lease_until = ?3, expires_at = ?3
+WHERE id = ?1 AND token = ?2 AND state = 'in_progress' AND lease_until > ?4";
+
 /// `?1` id, `?2` token, `?3` now.
 const ABANDON: &str = "\
 DELETE FROM oncebox_dedup
@@ -141,6 +146,22 @@ impl DedupStore for SqliteDedupStore {
             .bind(token_param(token))
             .bind(result.to_vec())
             .bind(now.saturating_add(duration_millis(ttl)))
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if updated.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        let now = to_unix_millis(SystemTime::now());
+        let updated = sqlx::query(EXTEND)
+            .bind(id.to_owned())
+            .bind(token_param(token))
+            .bind(now.saturating_add(duration_millis(lease).max(1)))
             .bind(now)
             .execute(&self.pool)
             .await

@@ -85,8 +85,10 @@ macro_rules! dedup_checks {
             expired_lease_is_fenced,
             abandon_frees_at_once,
             ttl_expiry_frees_id,
+            extend_is_fenced,
             receiver_runs_handler_once,
             receiver_failure_frees_id,
+            receiver_keeps_its_lease_while_the_handler_runs,
         );
     };
 }

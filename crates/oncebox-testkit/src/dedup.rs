@@ -25,8 +25,10 @@
 //! | [`expired_lease_is_fenced`] | a lease that ends frees the id with a larger token; the old token can neither complete nor abandon |
 //! | [`abandon_frees_at_once`] | `abandon` frees the id immediately; tokens only grow |
 //! | [`ttl_expiry_frees_id`] | a completed id is free again after its TTL |
+//! | [`extend_is_fenced`] | `extend` moves the holder's lease; a stale token, an ended lease or a completed id cannot extend |
 //! | [`receiver_runs_handler_once`] | [`IdempotentReceiver`] with concurrent duplicates on 8 workers runs the handler once |
 //! | [`receiver_failure_frees_id`] | a failed handler frees the id, so the redelivery runs it again |
+//! | [`receiver_keeps_its_lease_while_the_handler_runs`] | a handler slower than its lease keeps the id: a copy meanwhile waits, never runs beside it |
 //!
 //! [`IdempotentReceiver`]: oncebox_core::consumer::IdempotentReceiver
 
@@ -42,7 +44,10 @@ use crate::support::{ok, within};
 
 mod receiver;
 
-pub use receiver::{receiver_failure_frees_id, receiver_runs_handler_once};
+pub use receiver::{
+    receiver_failure_frees_id, receiver_keeps_its_lease_while_the_handler_runs,
+    receiver_runs_handler_once,
+};
 
 /// How a backend gives the dedup suite a store.
 ///
@@ -380,4 +385,52 @@ fn futures_are_send<H: DedupHarness>(harness: &'static H) {
     fn send<F: Future + Send>(_: F) {}
     send(concurrent_begins_start_once(harness));
     send(receiver_runs_handler_once(harness));
+}
+
+/// `extend` moves the end of the holder's lease: a `begin` after the original lease
+/// ended still finds the id in progress. It is fenced like `complete`: a stale token, an
+/// ended lease and a completed id all answer [`Error::LeaseLost`] and change nothing.
+pub async fn extend_is_fenced<H: DedupHarness>(harness: &H) {
+    let store = harness.store();
+    let token = started("begin", store.begin("job-ext", SHORT_LEASE).await);
+    ok(
+        "extend by the holder",
+        store.extend("job-ext", token, LONG_LEASE).await,
+    );
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(150)).await;
+    assert_in_progress(
+        "begin after the first lease would have ended",
+        store.begin("job-ext", LONG_LEASE).await,
+        LONG_LEASE,
+    );
+    assert_lease_lost(
+        "extend with another token",
+        store
+            .extend("job-ext", FencingToken(token.0 + 1_000_000), LONG_LEASE)
+            .await,
+    );
+    ok(
+        "complete by the holder",
+        store.complete("job-ext", token, b"done", TTL).await,
+    );
+    assert_lease_lost(
+        "extend after complete",
+        store.extend("job-ext", token, LONG_LEASE).await,
+    );
+    assert_completed(
+        "begin after the refused extend",
+        store.begin("job-ext", LONG_LEASE).await,
+        b"done",
+    );
+
+    let ended = started("begin", store.begin("job-ended", SHORT_LEASE).await);
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(150)).await;
+    assert_lease_lost(
+        "extend after the lease ended",
+        store.extend("job-ended", ended, LONG_LEASE).await,
+    );
+    started(
+        "begin after the refused extend (the id is free)",
+        store.begin("job-ended", LONG_LEASE).await,
+    );
 }

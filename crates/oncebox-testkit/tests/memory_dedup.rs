@@ -99,6 +99,10 @@ mod broken {
             }
         }
 
+        async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+            self.inner.extend(id, self.token(id, token), lease).await
+        }
+
         async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
             self.inner.abandon(id, self.token(id, token)).await
         }

@@ -11,6 +11,7 @@
 mod durable;
 mod handler;
 mod id;
+mod lease;
 mod options;
 mod process;
 mod receiver;
@@ -22,6 +23,7 @@ pub use handler::{
     FnHandler, Handler, HandlerFn, HandlerOutput, Json, TxHandler, TxHandlerFn, handler_fn,
 };
 pub use id::IdStrategy;
+pub use lease::keep_lease;
 pub use options::{ConsumerOptions, StoreFailure};
 pub use process::{Outcome, Panicked, Process};
 pub use receiver::IdempotentReceiver;

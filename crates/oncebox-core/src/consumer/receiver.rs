@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::lease::keep_lease;
 use super::process::unwind_as_error;
 use super::{ConsumerOptions, Handler, HandlerOutput, Outcome, Process, StoreFailure};
 use crate::store::{Begin, DedupStore};
@@ -10,10 +11,13 @@ use crate::{Error, Received, Result};
 /// Runs a handler at most once at a time per id and answers duplicates with the first
 /// result, using a [`DedupStore`] (Redis, memory, a SQL table) beside the handler.
 ///
-/// `begin` takes the id with a lease and a fencing token; the handler runs; `complete`
+/// `begin` takes the id with a lease and a fencing token; the handler runs while the
+/// lease is kept alive (extended every third of it: see [`keep_lease`]); `complete`
 /// stores the result for the dedup window. A duplicate arriving meanwhile is nacked
-/// until the lease ends; one arriving after completion is acked. A handler that fails
-/// (or panics) frees the id at once.
+/// until the holder is done; one arriving after completion is acked. A handler that
+/// fails (or panics) frees the id at once. If the lease cannot be kept (lost, or the
+/// store unreachable until it would end), the handler is stopped before it ends, so two
+/// workers never run one id at once.
 ///
 /// **What this does not promise:** the handler's effect lives outside the dedup store, so
 /// a crash after the effect and before `complete` lets the effect happen again once the
@@ -57,7 +61,9 @@ impl<S: DedupStore, H: Handler> Process for IdempotentReceiver<S, H> {
 
     async fn process(&self, received: &Received) -> Result<Outcome> {
         let id = self.options.id_strategy.id_of(received)?;
-        let token = match self.store.begin(&id, self.options.lease).await {
+        let lease = self.options.lease;
+        let taken_at = tokio::time::Instant::now();
+        let token = match self.store.begin(&id, lease).await {
             Ok(Begin::Started(token)) => token,
             Ok(Begin::Completed(_)) => return Ok(Outcome::Duplicate),
             Ok(Begin::InProgress { retry_after }) => {
@@ -67,7 +73,8 @@ impl<S: DedupStore, H: Handler> Process for IdempotentReceiver<S, H> {
             }
             Err(error) => return self.store_failed(received, error).await,
         };
-        let handled = match unwind_as_error(self.handler.handle(received)).await {
+        let handler = unwind_as_error(self.handler.handle(received));
+        let handled = match keep_lease(&self.store, &id, token, lease, taken_at, handler).await {
             Ok(output) => output.into_bytes(),
             Err(error) => Err(error),
         };

@@ -160,6 +160,20 @@ impl MemoryDedupStore {
         Ok(Begin::Started(token))
     }
 
+    fn extend_sync(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        self.check_up()?;
+        let now = Instant::now();
+        let mut shard = self.shard(id);
+        match shard.entries.get_mut(id).map(|slot| &mut slot.state) {
+            Some(State::InProgress { token: held, until }) if *held == token && *until > now => {
+                *until = now + lease;
+                // A sweep's earliest expiry may now come later: it stays an estimate.
+                Ok(())
+            }
+            _ => Err(Error::LeaseLost),
+        }
+    }
+
     fn finish_sync(
         &self,
         id: &str,
@@ -284,6 +298,10 @@ impl DedupStore for MemoryDedupStore {
         self.finish_sync(id, token, Some((result, ttl)))
     }
 
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        self.extend_sync(id, token, lease)
+    }
+
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
         self.finish_sync(id, token, None)
     }
@@ -302,6 +320,15 @@ impl<D: DedupStore> DedupStore for std::sync::Arc<D> {
         ttl: Duration,
     ) -> impl Future<Output = Result<()>> + Send {
         (**self).complete(id, token, result, ttl)
+    }
+
+    fn extend(
+        &self,
+        id: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        (**self).extend(id, token, lease)
     }
 
     fn abandon(&self, id: &str, token: FencingToken) -> impl Future<Output = Result<()>> + Send {

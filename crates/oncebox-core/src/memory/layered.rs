@@ -129,6 +129,10 @@ impl<D: DedupStore> DedupStore for LayeredDedupStore<D> {
         Ok(())
     }
 
+    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
+        self.backing.extend(id, token, lease).await
+    }
+
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
         self.backing.abandon(id, token).await
     }

@@ -545,6 +545,16 @@ impl<S: DedupStore> DedupStore for Mortal<S> {
         self.inner.complete(id, token, result, ttl).await
     }
 
+    async fn extend(
+        &self,
+        id: &str,
+        token: oncebox_core::store::FencingToken,
+        lease: Duration,
+    ) -> oncebox_core::Result<()> {
+        self.alive().await;
+        self.inner.extend(id, token, lease).await
+    }
+
     async fn abandon(
         &self,
         id: &str,

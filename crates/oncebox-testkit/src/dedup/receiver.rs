@@ -291,3 +291,43 @@ pub async fn receiver_failure_frees_id<H: DedupHarness>(harness: &H) {
         b"run 2",
     );
 }
+
+/// A handler slower than its lease keeps the id: a copy delivered after the lease would
+/// have ended finds it in progress (nacked, the handler not run again), and once the
+/// first run completed, a copy is a duplicate. At most one execution at a time.
+pub async fn receiver_keeps_its_lease_while_the_handler_runs<H: DedupHarness>(harness: &H) {
+    let lease = Duration::from_secs(1);
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = CountingHandler {
+        runs: Arc::clone(&runs),
+        failures: AtomicU32::new(0),
+        delay: lease * 5 / 2,
+    };
+    let options = ConsumerOptions::new("conformance").lease(lease);
+    let receiver = ok(
+        "IdempotentReceiver::new",
+        IdempotentReceiver::new(harness.store(), handler, options),
+    );
+    let message = received("slow-jobs");
+    let copy = async {
+        tokio::time::sleep(lease * 3 / 2).await;
+        deliver_once(&receiver, &message, 2).await
+    };
+    let ((first, _), (second, settled)) = within("a slow handler and a copy", STEP, async {
+        tokio::join!(deliver_once(&receiver, &message, 1), copy)
+    })
+    .await;
+    assert_eq!(first, Outcome::Handled, "the slow handler's own delivery");
+    assert!(
+        matches!(second, Outcome::InProgress { .. }) && matches!(settled, Some(Settled::Nacked(_))),
+        "a copy delivered while the slow handler runs past its first lease must wait, \
+         got {second:?} / {settled:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler ran twice: a duplicate ran beside a handler that outlived its lease"
+    );
+    let (third, _) = within("a later copy", STEP, deliver_once(&receiver, &message, 3)).await;
+    assert_eq!(third, Outcome::Duplicate, "a copy after completion");
+}
