@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use oncebox_core::Error;
-use oncebox_core::consumer::StoreFailure;
+use oncebox_core::consumer::{StoreFailure, keep_lease};
 use oncebox_core::store::{Begin, DedupStore, FencingToken};
 use tower_service::Service;
 
@@ -46,6 +46,7 @@ where
     let path = parts.uri.path_and_query().map_or("", |p| p.as_str());
     let fingerprint = Fingerprint::of(&parts.method, path, &collected.data);
 
+    let taken_at = tokio::time::Instant::now();
     let token = match shared.store.begin(&scope, options.lease).await {
         Ok(Begin::Started(token)) => token,
         Ok(Begin::InProgress { .. }) => {
@@ -77,11 +78,31 @@ where
         armed: true,
     };
     let request = Request::from_parts(*parts, RequestBody::buffered(collected));
-    let response = match inner.call(request).await {
-        Ok(response) => response,
-        Err(error) => {
+    // The key's lease is kept alive while the handler runs: a retry meanwhile gets 409,
+    // however long the handler takes. A handler whose lease cannot be kept (the store is
+    // unreachable for a whole lease) is stopped before another request could take the key.
+    let handled = keep_lease(
+        &shared.store,
+        &hold.scope,
+        token,
+        options.lease,
+        taken_at,
+        async { Ok(inner.call(request).await) },
+    )
+    .await;
+    let response = match handled {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
             hold.abandon().await;
             return Err(error);
+        }
+        Err(lost) => {
+            tracing::warn!(%lost, "the idempotency key's lease could not be kept; the handler was stopped");
+            hold.armed = false;
+            return Ok(Problem::StoreUnavailable.response(
+                "the idempotency key could not be kept while the request ran; retry later",
+                Some(options.retry_after_secs()),
+            ));
         }
     };
     if !should_store(response.status(), options) {

@@ -89,11 +89,12 @@ impl IdempotencyOptions {
         self
     }
 
-    /// How long a request holds its key while its handler runs. A request whose handler
-    /// panicked, whose future was dropped, or whose process died frees its key when the
-    /// lease ends at the latest; meanwhile retries get `409`. A handler still running
-    /// when its lease ends loses the key: its response is sent but not stored, and a
-    /// retry may run the handler again. Default: 30 s.
+    /// The lease on a request's key, renewed every third of it while the handler runs
+    /// (so a slow handler keeps its key, and retries meanwhile get `409`). A request whose
+    /// handler panicked, whose future was dropped, or whose process died frees its key
+    /// when the lease ends at the latest. A handler whose lease cannot be renewed (the
+    /// store unreachable for a whole lease) is stopped before the lease ends and
+    /// answered `503`, so two requests with one key never run at once. Default: 30 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

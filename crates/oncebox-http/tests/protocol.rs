@@ -391,28 +391,53 @@ async fn dropped_future_frees_the_key_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handler_outliving_its_lease_is_fenced() {
+async fn a_handler_outliving_its_first_lease_keeps_its_key() {
     let store = Arc::new(MemoryDedupStore::new(100));
     let mut slow = Handler::new();
-    slow.delay = Duration::from_millis(600);
-    let options = IdempotencyOptions::new().lease(Duration::from_millis(200));
+    slow.delay = Duration::from_millis(900);
+    let options = IdempotencyOptions::new().lease(Duration::from_millis(300));
     let slow_service = layer(Arc::clone(&store), options.clone()).layer(slow.service());
     let fast = Handler::new();
     let fast_service = layer(Arc::clone(&store), options).layer(fast.service());
 
     let first = tokio::spawn(send(slow_service, post(Some("k-lease"), "{}")));
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    // The slow holder's lease ended: this request takes the key and completes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Past the first lease, the slow holder still holds the key: a retry waits.
     let second = send(fast_service.clone(), post(Some("k-lease"), "{}")).await;
-    assert_eq!(second.status, StatusCode::CREATED);
-    assert!(!second.replayed());
-    // The slow one still answers its client, but cannot store over the new holder.
+    assert_eq!(
+        second.status,
+        StatusCode::CONFLICT,
+        "a retry ran beside the slow handler"
+    );
+    assert_eq!(second.problem_type(), problem::KEY_IN_USE);
+    assert_eq!(fast.calls(), 0);
     let first = first.await.expect("slow request");
     assert_eq!(first.status, StatusCode::CREATED);
-    assert_ne!(first.body, second.body);
     let replay = send(fast_service, post(Some("k-lease"), "{}")).await;
     assert!(replay.replayed());
-    assert_eq!(replay.body, second.body, "the new holder's response stands");
+    assert_eq!(replay.body, first.body, "the slow holder's response stands");
+    assert_eq!(fast.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_whose_lease_cannot_be_kept_is_stopped_before_it_ends() {
+    let store = Arc::new(MemoryDedupStore::new(100));
+    let mut slow = Handler::new();
+    slow.delay = Duration::from_secs(5);
+    let lease = Duration::from_millis(300);
+    let service =
+        layer(Arc::clone(&store), IdempotencyOptions::new().lease(lease)).layer(slow.service());
+    let started = std::time::Instant::now();
+    let request = tokio::spawn(send(service, post(Some("k-cut"), "{}")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store.set_down(true);
+    let answer = request.await.expect("request");
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem_type(), problem::STORE_UNAVAILABLE);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the handler ran on after its lease could no longer be kept"
+    );
 }
 
 #[tokio::test]
