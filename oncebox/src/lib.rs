@@ -75,7 +75,7 @@
 //!
 //! // Relay: outbox → broker, marked published only after the broker confirmed.
 //! let broker = MemoryBroker::new();
-//! let relay = Relay::relay(store.outbox(), broker.publisher(), SpoolOptions::new())?;
+//! let relay = Relay::new(store.outbox(), broker.publisher(), SpoolOptions::new())?;
 //!
 //! // Payments: dedup record + charge in one transaction, then ack.
 //! let payments = TransactionalInbox::new(

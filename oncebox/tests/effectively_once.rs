@@ -214,7 +214,7 @@ async fn run_history(history: History) -> std::result::Result<(), TestCaseError>
             published: AtomicUsize::new(0),
             crashed: Arc::clone(&crashed),
         };
-        let relay = Relay::relay(outbox.clone(), publisher, relay_options.clone()).map_err(fail)?;
+        let relay = Relay::new(outbox.clone(), publisher, relay_options.clone()).map_err(fail)?;
         tokio::select! {
             round = relay.run_once() => { round.map_err(fail)?; }
             () = crashed.notified() => {}

@@ -32,8 +32,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::consumer::{Consumer, Process};
-use crate::spool::{Spool, SpoolStore};
-use crate::{Error, Result, Subscriber};
+use crate::spool::{Relay, Spool, SpoolStore};
+use crate::{Error, Message, Publisher, Result, Subscriber};
 
 /// Tells the parts of a [`Runner`] to stop: a future that completes when they should.
 #[derive(Debug, Clone)]
@@ -47,8 +47,8 @@ impl Shutdown {
     }
 }
 
-/// A long-running part of a service that stops when told: a relay or inbox processor
-/// ([`Spool`]), a [`Consumer`], or a closure `FnOnce(Shutdown) -> impl Future<Output =
+/// A long-running part of a service that stops when told: a [`Relay`], a durable inbox
+/// processor ([`Spool`]), a [`Consumer`], or a closure `FnOnce(Shutdown) -> impl Future<Output =
 /// Result<()>>` for anything else.
 pub trait Run: Send + 'static {
     /// Runs until `shutdown` completes, then finishes what it holds and returns.
@@ -63,6 +63,16 @@ impl<S, K> Run for Spool<S, K>
 where
     S: SpoolStore + 'static,
     K: crate::spool::Sink<S::Item> + 'static,
+{
+    async fn run(self, shutdown: Shutdown) -> Result<()> {
+        self.run_until(shutdown.wait()).await
+    }
+}
+
+impl<S, P> Run for Relay<S, P>
+where
+    S: SpoolStore<Item = Message> + 'static,
+    P: Publisher + 'static,
 {
     async fn run(self, shutdown: Shutdown) -> Result<()> {
         self.run_until(shutdown.wait()).await

@@ -134,6 +134,10 @@ impl SpoolStore for PgDurableInbox {
         self.table.claim(request).await
     }
 
+    async fn extend(&self, token: LeaseToken, rows: &[i64], lease: Duration) -> Result<()> {
+        self.table.extend(token, rows, lease).await
+    }
+
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.table.settle(token, settlements, false).await
     }

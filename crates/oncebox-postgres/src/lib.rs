@@ -42,7 +42,7 @@
 //! // Any number of relays, in this process or others, publish committed messages in
 //! // commit order per key. A service runs `relay.run_until(shutdown)`; here one round.
 //! let broker = MemoryBroker::new();
-//! let relay = Spool::relay(outbox.clone(), broker.publisher(), SpoolOptions::new())?;
+//! let relay = Relay::new(outbox.clone(), broker.publisher(), SpoolOptions::new())?;
 //! relay.run_once().await?;
 //! # Ok(()) }
 //! ```

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::spool::{Spool, SpoolOptions};
+use oncebox_core::spool::{Relay, SpoolOptions};
 use oncebox_core::{Error, Message};
 use oncebox_postgres::{DebeziumLayout, DebeziumPayload, RowStatus};
 
@@ -116,7 +116,7 @@ async fn debezium_producers_are_relayed_in_order() {
     let broker = MemoryBroker::new();
     let relays: Vec<_> = (0..2)
         .map(|i| {
-            Spool::relay(
+            Relay::new(
                 db.store.debezium_outbox_with(&layout).unwrap(),
                 broker.publisher(),
                 SpoolOptions::new().name(format!("relay-{i}")).batch_size(3),

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime};
 
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::spool::{Settle, Settlement, Spool, SpoolOptions, SpoolStore};
+use oncebox_core::spool::{Relay, Settle, Settlement, SpoolOptions, SpoolStore};
 use oncebox_core::{Error, Fault, Limits, Message};
 use oncebox_postgres::{PgStore, RowStatus};
 use sqlx::postgres::PgPoolOptions;
@@ -24,7 +24,7 @@ async fn notify_wakes_a_relay_before_its_poll_interval() {
     let options = SpoolOptions::new()
         .poll_interval(poll, poll)
         .dispatch_timeout(Duration::from_secs(5));
-    let relay = Spool::relay(outbox.clone(), broker.publisher(), options).unwrap();
+    let relay = Relay::new(outbox.clone(), broker.publisher(), options).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
         relay
@@ -72,7 +72,7 @@ async fn notify_survives_a_killed_listener_connection() {
     let options = SpoolOptions::new()
         .poll_interval(poll, poll)
         .dispatch_timeout(Duration::from_secs(5));
-    let relay = Spool::relay(outbox.clone(), broker.publisher(), options).unwrap();
+    let relay = Relay::new(outbox.clone(), broker.publisher(), options).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
         relay

@@ -89,6 +89,9 @@ LIMIT ?2"
     record_claim: "\
 INSERT INTO oncebox_durable_inbox_claims (token, consumer, claimed_at, until, seqs)
 VALUES (?3, ?5, ?1, ?2, ?4)",
+    extend: "\
+UPDATE oncebox_durable_inbox_claims SET until = ?2
+WHERE token = ?1 AND until > ?3 AND consumer = ?4",
     done: concat!(
         "\
 UPDATE oncebox_durable_inbox SET status = 'done', done_at = ?3
@@ -166,6 +169,10 @@ impl SpoolStore for SqliteDurableInbox {
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Received>>> {
         self.table.claim(request).await
+    }
+
+    async fn extend(&self, token: LeaseToken, _rows: &[i64], lease: Duration) -> Result<()> {
+        self.table.extend(token, lease).await
     }
 
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {

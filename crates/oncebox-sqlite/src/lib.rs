@@ -48,7 +48,7 @@
 //! // The relay publishes committed messages, in commit order per key. A service runs
 //! // `relay.run_until(shutdown)`; here one round is enough.
 //! let broker = MemoryBroker::new();
-//! let relay = Spool::relay(outbox.clone(), broker.publisher(), SpoolOptions::new())?;
+//! let relay = Relay::new(outbox.clone(), broker.publisher(), SpoolOptions::new())?;
 //! let round = relay.run_once().await?;
 //! assert_eq!(round.done, 1);
 //! assert_eq!(outbox.stats().await?.pending, 0);

@@ -36,9 +36,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::Result;
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement};
 use oncebox_core::time::{duration_millis, to_unix_millis};
+use oncebox_core::{Error, Result};
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite};
@@ -62,6 +62,8 @@ pub(crate) struct SpoolSql {
     /// `?1` now, `?2` lease until, `?3` token, `?4` seqs (JSON array): records a claim
     /// of rows read in the same write transaction.
     pub(crate) record_claim: &'static str,
+    /// `?1` token, `?2` lease until, `?3` now: extends a claim whose lease has not ended.
+    pub(crate) extend: &'static str,
     /// `?1` token, `?2` seqs (JSON array), `?3` now.
     pub(crate) done: &'static str,
     /// `?1` token, `?2` seqs (JSON array): deletes published rows instead of marking
@@ -256,6 +258,24 @@ impl SpoolTable {
                 Ok(None)
             }
         }
+    }
+
+    /// Extends the lease of claim `token`, if it has not ended.
+    pub(crate) async fn extend(&self, token: LeaseToken, lease: Duration) -> Result<()> {
+        let now = to_unix_millis(SystemTime::now());
+        let query = sqlx::query(self.sql.extend)
+            .bind(token.to_string())
+            .bind(now.saturating_add(duration_millis(lease)))
+            .bind(now);
+        let extended = self
+            .scoped(query)
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if extended.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
     }
 
     pub(crate) async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {

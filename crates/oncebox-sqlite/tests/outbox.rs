@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use common::{LONG, SHORT, claim, db, enqueue, label, labels, msg, settle_all};
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::spool::{Settle, Settlement, Spool, SpoolOptions, SpoolStore};
+use oncebox_core::spool::{Relay, Settle, Settlement, SpoolOptions, SpoolStore};
 use oncebox_core::{Error, InvalidMessage, Limits, MessageId};
 use oncebox_sqlite::{RowDecodeError, RowStatus};
 
@@ -526,7 +526,7 @@ async fn a_relay_publishes_in_order_through_the_memory_broker() {
         .collect();
     enqueue(&db.store, &messages).await;
     let broker = MemoryBroker::new();
-    let relay = Spool::relay(
+    let relay = Relay::new(
         outbox.clone(),
         broker.publisher(),
         SpoolOptions::new().batch_size(8),

@@ -48,6 +48,7 @@ macro_rules! outbox_checks {
             rolled_back_enqueue_is_never_claimed,
             bad_input_is_a_typed_error,
             relay_keeps_commit_order,
+            slow_broker_past_the_lease_never_overlaps,
             relay_backs_off_then_dead_letters,
             relay_cleanup_purges_published,
         );

@@ -220,7 +220,7 @@ where
         run: &run,
         crashed: Mutex::new(HashSet::new()),
     };
-    let relay = Relay::relay(
+    let relay = Relay::new(
         outbox.store(),
         publisher,
         SpoolOptions::new()

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncebox_core::memory::{MemoryBroker, MemoryPublisher};
-use oncebox_core::spool::{Spool, SpoolOptions, SpoolStore};
+use oncebox_core::spool::{Relay, SpoolOptions, SpoolStore};
 use oncebox_core::{Message, MessageId, Publisher, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -196,7 +196,7 @@ pub async fn relays_killed_at_random_keep_per_key_order<H: MultiRelayHarness>(ha
                 };
                 let spool = ok(
                     "relay options",
-                    Spool::relay(harness.relay_outbox(), publisher, relay_options(relay)),
+                    Relay::new(harness.relay_outbox(), publisher, relay_options(relay)),
                 );
                 let task = tokio::spawn(async move {
                     let _ = spool.run_until(std::future::pending()).await;

@@ -59,7 +59,7 @@ pub(crate) async fn run<B: Backend>(
     }
     .name("bench-latency")
     .batch_size(args.batch as usize);
-    let relay = Relay::relay(outbox.clone(), broker.publisher(), options)?;
+    let relay = Relay::new(outbox.clone(), broker.publisher(), options)?;
     let (stop_relay, relay_stopped) = watch::channel(false);
     let relay = Task(tokio::spawn(async move {
         relay.run_until(stopped(relay_stopped)).await

@@ -103,6 +103,12 @@ impl<S: SpoolStore> SpoolStore for Timed<S> {
         self.probe.time("claim", self.inner.claim(request)).await
     }
 
+    async fn extend(&self, token: LeaseToken, rows: &[i64], lease: Duration) -> Result<()> {
+        self.probe
+            .time("extend", self.inner.extend(token, rows, lease))
+            .await
+    }
+
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.probe
             .time("settle", self.inner.settle(token, settlements))

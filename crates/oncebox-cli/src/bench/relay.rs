@@ -110,7 +110,7 @@ async fn engine<B: Backend, T: BenchTransport>(
         .batch_size(args.batch as usize);
     let probe = Probe::new();
     let outbox = Timed::new(backend.outbox(false), &probe);
-    let relay = Relay::relay(outbox, transport.publisher().await?, options)?;
+    let relay = Relay::new(outbox, transport.publisher().await?, options)?;
     let started = Instant::now();
     let report = relay.drain().await?;
     anyhow::ensure!(

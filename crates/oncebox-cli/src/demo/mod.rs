@@ -337,7 +337,7 @@ async fn supervise_relay(
             inner: broker.publisher(),
             switch: Arc::clone(&switch),
         };
-        let relay = match Relay::relay(outbox.clone(), publisher, relay_options()) {
+        let relay = match Relay::new(outbox.clone(), publisher, relay_options()) {
             Ok(relay) => relay,
             Err(error) => {
                 eprintln!("oncebox demo: relay options rejected: {error}");

@@ -3,23 +3,24 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
+use futures_util::future::{Either, select};
 use futures_util::stream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use super::lease::Lease;
 use super::{
-    ClaimRequest, Claimed, LeaseToken, PublishSink, Settle, Settlement, Sink, SpoolItem,
-    SpoolOptions, SpoolStore,
+    ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
+    SpoolStore,
 };
-use crate::{Error, Message, Publisher, Result};
+use crate::{Error, Fault, Result};
 
 /// Called with each item that is dead-lettered and the reason.
 pub type DeadLetterHook<T> = Arc<dyn Fn(&T, &str) + Send + Sync>;
-
-/// The outbox relay: a spool over an outbox table that publishes through `P`.
-pub type Relay<S, P> = Spool<S, PublishSink<P>>;
 
 /// What one claim → dispatch → settle round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,17 +43,6 @@ pub struct Spool<S: SpoolStore, K> {
     sink: K,
     options: SpoolOptions,
     on_dead: Option<DeadLetterHook<S::Item>>,
-}
-
-impl<S: SpoolStore<Item = Message>, P: Publisher> Spool<S, PublishSink<P>> {
-    /// A relay publishing the outbox `store` through `publisher`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidOptions`] if `options` fail [`SpoolOptions::validate`].
-    pub fn relay(store: S, publisher: P, options: SpoolOptions) -> Result<Self> {
-        Self::new(store, PublishSink(publisher), options)
-    }
 }
 
 impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
@@ -100,11 +90,11 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// Not cancel safe in the sense of losing nothing *of the round*: rows claimed by a
     /// cancelled round stay leased until the lease ends and are then delivered again.
     pub async fn run_once(&self) -> Result<BatchReport> {
-        let (token, batch) = self.claim_after(None).await?;
-        if batch.is_empty() {
+        let batch = self.claim_after(None).await?;
+        if batch.rows.is_empty() {
             return Ok(BatchReport::default());
         }
-        let delivered = self.dispatch(token, batch).await;
+        let delivered = self.dispatch(batch).await;
         self.finish(delivered).await
     }
 
@@ -128,16 +118,14 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         let mut pending = None;
         let mut ahead = None;
         loop {
-            let (token, batch) = match ahead.take() {
-                Some(claimed) => claimed,
+            let batch = match ahead.take() {
+                Some(batch) => batch,
                 None => self.claim_after(pending.take()).await?,
             };
-            if batch.is_empty() {
+            if batch.rows.is_empty() {
                 return Ok(total);
             }
-            let (delivered, next) = self
-                .deliver_and_claim_ahead(token, batch, &mut pending)
-                .await;
+            let (delivered, next) = self.deliver_and_claim_ahead(batch, &mut pending).await;
             total.add(&delivered.report);
             if let Some(earlier) = pending.replace(delivered) {
                 // This batch was claimed ahead but not full, so nothing settled the one
@@ -163,24 +151,18 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// still holds the previous batch if that has yet to be settled.
     async fn deliver_and_claim_ahead(
         &self,
-        token: LeaseToken,
-        batch: Vec<Claimed<S::Item>>,
+        batch: Batch<S::Item>,
         pending: &mut Option<Delivered>,
-    ) -> (
-        Delivered,
-        Result<Option<(LeaseToken, Vec<Claimed<S::Item>>)>>,
-    ) {
-        if !self.options.pipeline || batch.len() < self.options.batch_size {
-            return (self.dispatch(token, batch).await, Ok(None));
+    ) -> (Delivered, Result<Option<Batch<S::Item>>>) {
+        if !self.options.pipeline || batch.rows.len() < self.options.batch_size {
+            return (self.dispatch(batch).await, Ok(None));
         }
         // The rows of `batch` stay leased while the next claim runs, so by the store's
         // per-key prefix rule it takes none of their keys.
-        let (delivered, next) = futures_util::future::join(
-            self.dispatch(token, batch),
-            self.claim_after(pending.take()),
-        )
-        .await;
-        let next = next.map(|(token, rows)| (!rows.is_empty()).then_some((token, rows)));
+        let (delivered, next) =
+            futures_util::future::join(self.dispatch(batch), self.claim_after(pending.take()))
+                .await;
+        let next = next.map(|next| (!next.rows.is_empty()).then_some(next));
         (delivered, next)
     }
 
@@ -189,27 +171,30 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// If that call fails, the settlements are retried on their own (settling twice is
     /// harmless), so that a failed claim does not make the delivered rows wait for their
     /// lease to end; the claim's error is returned either way.
-    async fn claim_after(
-        &self,
-        pending: Option<Delivered>,
-    ) -> Result<(LeaseToken, Vec<Claimed<S::Item>>)> {
+    async fn claim_after(&self, pending: Option<Delivered>) -> Result<Batch<S::Item>> {
         let request = ClaimRequest {
             token: LeaseToken::new(),
             limit: self.options.batch_size,
             lease: self.options.lease,
         };
+        // The lease runs from the store's receipt of the claim: no earlier than now.
+        let claimed_at = Instant::now();
+        let batch = |rows| Batch {
+            token: request.token,
+            rows,
+            claimed_at,
+        };
         let Some(pending) = pending else {
-            let batch = self.store.claim(&request).await?;
-            return Ok((request.token, batch));
+            return Ok(batch(self.store.claim(&request).await?));
         };
         match self
             .store
             .settle_and_claim(pending.token, &pending.settlements, &request)
             .await
         {
-            Ok(batch) => {
+            Ok(rows) => {
                 self.record_metrics(&pending.report);
-                Ok((request.token, batch))
+                Ok(batch(rows))
             }
             Err(error) => {
                 if self.finish(pending).await.is_err() {
@@ -223,18 +208,38 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         }
     }
 
-    /// Delivers a claimed batch: concurrently across keys, in order within a key.
-    async fn dispatch(&self, token: LeaseToken, batch: Vec<Claimed<S::Item>>) -> Delivered {
+    /// Delivers a claimed batch: concurrently across keys, in order within a key, while
+    /// the claim's lease is renewed beside it. No row goes out once the lease (less a
+    /// safety margin) may have ended: the rows not delivered by then are handed back.
+    async fn dispatch(&self, batch: Batch<S::Item>) -> Delivered {
         let mut report = BatchReport {
-            claimed: batch.len(),
+            claimed: batch.rows.len(),
             ..BatchReport::default()
         };
-        let settlements: Vec<Settlement> = stream::iter(group_by_key(batch))
-            .map(|rows| self.dispatch_key(rows))
+        let lease = Lease::new();
+        let outage = AtomicBool::new(false);
+        let seqs: Vec<i64> = batch.rows.iter().map(|row| row.seq).collect();
+        let delivery = stream::iter(group_by_key(batch.rows))
+            .map(|rows| self.dispatch_key(rows, &lease, &outage))
             .buffer_unordered(self.options.concurrency)
             .flat_map(stream::iter)
-            .collect()
-            .await;
+            .collect::<Vec<Settlement>>();
+        let keeper = lease.keep(
+            &self.store,
+            batch.token,
+            &seqs,
+            self.options.lease,
+            batch.claimed_at,
+        );
+        let settlements = match select(std::pin::pin!(delivery), std::pin::pin!(keeper)).await {
+            Either::Left((settlements, keeper)) => {
+                lease.delivered();
+                keeper.await;
+                settlements
+            }
+            // The lease is lost: the rest of the batch is handed back as it goes.
+            Either::Right(((), delivery)) => delivery.await,
+        };
         for s in &settlements {
             match s.outcome {
                 Settle::Done => report.done += 1,
@@ -244,9 +249,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             }
         }
         Delivered {
-            token,
+            token: batch.token,
             settlements,
             report,
+            outage: outage.into_inner(),
         }
     }
 
@@ -260,16 +266,22 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     }
 
     /// Delivers the claimed rows of one key in order; after a failure that will be
-    /// retried, the key's later rows are released unattempted.
-    async fn dispatch_key(&self, rows: Vec<Claimed<S::Item>>) -> Vec<Settlement> {
+    /// retried, or an outage, or once the lease is lost, the key's later rows are
+    /// released unattempted.
+    async fn dispatch_key(
+        &self,
+        rows: Vec<Claimed<S::Item>>,
+        lease: &Lease,
+        outage: &AtomicBool,
+    ) -> Vec<Settlement> {
         let mut settlements = Vec::with_capacity(rows.len());
         let mut blocked = false;
         for row in rows {
-            let outcome = if blocked {
+            let outcome = if blocked || lease.is_lost() {
                 Settle::Release
             } else {
-                let outcome = self.deliver(&row).await;
-                blocked = matches!(outcome, Settle::Retry { .. });
+                let outcome = self.deliver(&row, lease, outage).await;
+                blocked = matches!(outcome, Settle::Retry { .. } | Settle::Release);
                 outcome
             };
             settlements.push(Settlement {
@@ -280,16 +292,32 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         settlements
     }
 
-    async fn deliver(&self, row: &Claimed<S::Item>) -> Settle {
+    async fn deliver(&self, row: &Claimed<S::Item>, lease: &Lease, outage: &AtomicBool) -> Settle {
         let timeout = self.options.dispatch_timeout;
-        let result = match tokio::time::timeout(timeout, self.sink.deliver(row)).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout(timeout)),
+        let delivery = tokio::time::timeout(timeout, self.sink.deliver(row));
+        let result = tokio::select! {
+            result = delivery => match result {
+                Ok(result) => result,
+                Err(_) => Err(Error::Timeout(timeout)),
+            },
+            // Cut off: another spool may own the row from here on. Whether the broker
+            // took it or not, it is delivered again (at least once).
+            () = lease.lost() => return Settle::Release,
         };
         let Err(error) = result else {
             return Settle::Done;
         };
         let attempts = row.attempts.saturating_add(1);
+        if error.fault() == Fault::Outage {
+            // No fault of the row: hand it back without counting an attempt, and make
+            // the loop back off before it claims again.
+            tracing::debug!(
+                spool = %self.options.name, item = %row.item.describe(), %error,
+                "the sink is unreachable; handed back"
+            );
+            outage.store(true, Ordering::Relaxed);
+            return Settle::Release;
+        }
         if error.is_transient() && attempts < self.options.max_attempts {
             let delay = self.options.backoff.delay(attempts);
             tracing::debug!(
@@ -355,49 +383,59 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// adaptively when idle, and runs retention cleanup every `cleanup_interval`.
     ///
     /// On shutdown the round in progress finishes (deliveries and settlement), then the
-    /// call returns. Store errors are logged and retried with the idle backoff: the loop
-    /// only ends on shutdown.
+    /// call returns. Transient store errors and outages of the store or the sink are
+    /// logged and retried with backoff; rows the sink could not reach are handed back
+    /// without spending an attempt.
     ///
     /// # Errors
     ///
-    /// None at present; the `Result` leaves room for fatal errors of future stores.
+    /// [`Error::Closed`] when the store was closed, or a permanent store error from a
+    /// claim (a missing table, a schema the store does not know, refused permissions):
+    /// errors that retrying cannot mend. The round in progress is settled first.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future is a crash: claimed rows stay leased until their lease ends.
     pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let (stop, stopped) = watch::channel(false);
-        let signal = async move {
-            shutdown.await;
-            let _ = stop.send(true);
+        let stop = watch::Sender::new(false);
+        let claims = async {
+            let ended = self.claim_loop(stop.subscribe()).await;
+            // A claim loop that failed stops the cleanup too.
+            stop.send_replace(true);
+            ended
         };
-        tokio::join!(
-            signal,
-            self.claim_loop(stopped.clone()),
-            self.cleanup_loop(stopped)
-        );
-        Ok(())
+        let work = async { tokio::join!(claims, self.cleanup_loop(stop.subscribe())).0 };
+        let mut work = std::pin::pin!(work);
+        tokio::select! {
+            ended = &mut work => ended,
+            () = shutdown => {
+                stop.send_replace(true);
+                work.await
+            }
+        }
     }
 
     /// Claims and delivers until stopped. A full batch is settled together with the next
     /// claim ([`SpoolStore::settle_and_claim`]), as the loop goes on at once; any other
     /// batch is settled before the loop waits, and the last one before it returns.
-    async fn claim_loop(&self, mut stopped: watch::Receiver<bool>) {
+    async fn claim_loop(&self, mut stopped: watch::Receiver<bool>) -> Result<()> {
         let mut idle = self.options.min_poll;
+        let mut outages = 0u32;
         let mut pending: Option<Delivered> = None;
         let mut ahead = None;
+        let mut fatal = None;
         while !*stopped.borrow() {
             let claimed = match ahead.take() {
-                Some(claimed) => Ok(claimed),
+                Some(batch) => Ok(batch),
                 None => self.claim_after(pending.take()).await,
             };
             match claimed {
-                Ok((_, batch)) if batch.is_empty() => idle = (idle * 2).min(self.options.max_poll),
-                Ok((token, batch)) => {
-                    let full = batch.len() >= self.options.batch_size;
-                    let (delivered, next) = self
-                        .deliver_and_claim_ahead(token, batch, &mut pending)
-                        .await;
+                Ok(batch) if batch.rows.is_empty() => {
+                    idle = (idle * 2).min(self.options.max_poll);
+                }
+                Ok(batch) => {
+                    let full = batch.rows.len() >= self.options.batch_size;
+                    let (delivered, next) = self.deliver_and_claim_ahead(batch, &mut pending).await;
                     idle = self.options.min_poll;
                     if let Some(earlier) = pending.take()
                         && let Err(error) = self.finish(earlier).await
@@ -410,14 +448,34 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                             tracing::warn!(spool = %self.options.name, %error, "claiming ahead failed");
                         }
                     }
-                    if full {
-                        pending = Some(delivered);
-                        continue;
+                    if delivered.outage {
+                        // The sink is unreachable: settle, hand back what was claimed
+                        // ahead, and wait before claiming again.
+                        outages = outages.saturating_add(1);
+                        idle = self
+                            .options
+                            .backoff
+                            .delay(outages)
+                            .max(self.options.min_poll);
+                        if let Some(batch) = ahead.take() {
+                            self.release(batch).await;
+                        }
+                    } else {
+                        outages = 0;
+                        if full {
+                            pending = Some(delivered);
+                            continue;
+                        }
                     }
                     if let Err(error) = self.finish(delivered).await {
                         tracing::warn!(spool = %self.options.name, %error, "settling a batch failed");
                         idle = self.options.max_poll;
                     }
+                }
+                Err(error) if fatal_claim_error(&error) => {
+                    tracing::error!(spool = %self.options.name, %error, "claiming failed for good; stopping");
+                    fatal = Some(error);
+                    break;
                 }
                 Err(error) => {
                     tracing::warn!(spool = %self.options.name, %error, "claim round failed");
@@ -434,21 +492,28 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         {
             tracing::warn!(spool = %self.options.name, %error, "settling the last batch failed");
         }
-        if let Some((token, rows)) = ahead {
-            // Claimed ahead but stopped before delivery: hand the rows back unattempted.
-            let released: Vec<Settlement> = rows
-                .iter()
-                .map(|row| Settlement {
-                    seq: row.seq,
-                    outcome: Settle::Release,
-                })
-                .collect();
-            if let Err(error) = self.store.settle(token, &released).await {
-                tracing::warn!(
-                    spool = %self.options.name, %error,
-                    "releasing the batch claimed ahead failed; its rows wait for their lease to end"
-                );
-            }
+        if let Some(batch) = ahead {
+            // Claimed ahead but stopped before delivery.
+            self.release(batch).await;
+        }
+        fatal.map_or(Ok(()), Err)
+    }
+
+    /// Hands the rows of a claimed batch back unattempted.
+    async fn release(&self, batch: Batch<S::Item>) {
+        let released: Vec<Settlement> = batch
+            .rows
+            .iter()
+            .map(|row| Settlement {
+                seq: row.seq,
+                outcome: Settle::Release,
+            })
+            .collect();
+        if let Err(error) = self.store.settle(batch.token, &released).await {
+            tracing::warn!(
+                spool = %self.options.name, %error,
+                "releasing a claimed batch failed; its rows wait for their lease to end"
+            );
         }
     }
 
@@ -481,11 +546,27 @@ impl BatchReport {
     }
 }
 
+/// A claimed batch, not delivered yet.
+struct Batch<T> {
+    token: LeaseToken,
+    rows: Vec<Claimed<T>>,
+    /// When the claim was sent: its lease runs from no earlier.
+    claimed_at: Instant,
+}
+
 /// A delivered batch, not settled yet.
 struct Delivered {
     token: LeaseToken,
     settlements: Vec<Settlement>,
     report: BatchReport,
+    /// Whether the sink was unreachable for some row (handed back, not counted).
+    outage: bool,
+}
+
+/// Whether a claim's error ends the spool: the store closed, or an error retrying
+/// cannot mend.
+fn fatal_claim_error(error: &Error) -> bool {
+    matches!(error, Error::Closed) || error.fault() == Fault::Permanent
 }
 
 /// Splits a batch (in `seq` order) into per-key runs, keeping order within each run.
@@ -512,6 +593,7 @@ fn group_by_key<T: SpoolItem>(batch: Vec<Claimed<T>>) -> Vec<Vec<Claimed<T>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Message;
 
     fn row(seq: i64, key: Option<&str>) -> Claimed<Message> {
         let mut item = Message::new("t", "");

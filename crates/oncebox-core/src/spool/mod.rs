@@ -19,12 +19,15 @@
 
 mod admin;
 mod engine;
+mod lease;
 mod options;
+mod relay;
 mod sink;
 mod store;
 
 pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
-pub use engine::{BatchReport, DeadLetterHook, Relay, Spool};
+pub use engine::{BatchReport, DeadLetterHook, Spool};
 pub use options::SpoolOptions;
+pub use relay::Relay;
 pub use sink::{PublishSink, Sink};
 pub use store::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolItem, SpoolStore};

@@ -151,6 +151,7 @@ pub struct Settlement {
 ///   claimable in the same call: so a key is never leased to two claims at once, and a
 ///   failing row blocks the later rows of its key (and only those) until it is
 ///   delivered or dead. Each key's claimed rows form a prefix of its pending rows.
+/// - **Extend** moves the end of the claim's lease, only while the claim holds its rows.
 /// - **Settle** applies only to rows still leased to `token`; others are left alone
 ///   (their lease expired and another claim may own them).
 /// - **Settle and claim** is settle, then claim (the claim sees the settlements), which a
@@ -175,6 +176,26 @@ pub trait SpoolStore: Send + Sync {
         &self,
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send;
+
+    /// Extends the lease of claim `token`, which holds `rows` (their `seq`s), to `lease`
+    /// from now, if the claim still holds them (its lease has not ended): the spool
+    /// renews the lease of a batch in flight, so a slow sink never lets another spool
+    /// claim the same rows. Stores that keep leases in the rows find them by `rows`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the claim no longer holds its
+    /// rows (its lease ended, or it was settled); a store error otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// The extension applies or not; the claim is unchanged otherwise.
+    fn extend(
+        &self,
+        token: LeaseToken,
+        rows: &[i64],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Records outcomes of rows claimed with `token`, in one statement or transaction.
     ///
@@ -251,6 +272,15 @@ impl<S: SpoolStore> SpoolStore for std::sync::Arc<S> {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<Vec<Claimed<Self::Item>>>> + Send {
         (**self).claim(request)
+    }
+
+    fn extend(
+        &self,
+        token: LeaseToken,
+        rows: &[i64],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        (**self).extend(token, rows, lease)
     }
 
     fn settle(

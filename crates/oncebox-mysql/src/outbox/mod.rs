@@ -258,6 +258,10 @@ impl SpoolStore for MySqlOutbox {
         self.table.claim(request).await
     }
 
+    async fn extend(&self, token: LeaseToken, _rows: &[i64], lease: Duration) -> Result<()> {
+        self.table.extend(token, lease).await
+    }
+
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.table
             .settle(token, settlements, self.delete_on_publish)

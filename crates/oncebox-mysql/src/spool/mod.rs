@@ -40,6 +40,14 @@ const MIN_KEY_SCAN: usize = 128;
 /// ...or this many per row asked for.
 const KEYS_PER_ROW: usize = 2;
 
+/// `?` lease ms, `?` spool, `?` token: extends a claim whose lease has not ended.
+const EXTEND: &str = concat!(
+    "UPDATE oncebox_claims SET lease_until = ",
+    crate::sql::now_ms!(),
+    " + ? WHERE spool = ? AND token = ? AND lease_until > ",
+    crate::sql::now_ms!()
+);
+
 /// An item stored in a spool table, read back from a claimed row.
 pub(crate) trait SpoolRow: Sized {
     /// Decodes the item from the columns of the table's [`Layout::item`].
@@ -87,6 +95,23 @@ impl SpoolTable {
 
     pub(crate) fn pool(&self) -> &MySqlPool {
         &self.pool
+    }
+
+    /// Extends the lease of claim `token`, if it has not ended. Only the lease's end
+    /// changes: the claim's rows, which settlements check, stay as they were written.
+    pub(crate) async fn extend(&self, token: LeaseToken, lease: std::time::Duration) -> Result<()> {
+        // Rows matched (sqlx sets CLIENT_FOUND_ROWS): 0 means the claim ended.
+        let extended = query(EXTEND)
+            .bind(duration_ms(lease).max(1))
+            .bind(self.spool())
+            .bind(uuid_bytes(token.as_uuid()))
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if extended.rows_affected() == 0 {
+            return Err(oncebox_core::Error::LeaseLost);
+        }
+        Ok(())
     }
 
     pub(crate) fn table(&self) -> &'static str {

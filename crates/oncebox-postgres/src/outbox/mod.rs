@@ -410,6 +410,10 @@ impl SpoolStore for PgOutbox {
     /// rolled back instead (its rows are delivered again, as after an expired lease) and
     /// `Ok` returns, as for a stale lease token. A token that this outbox handle and its
     /// clones do not hold is settled as a leased claim's: only rows still leased to it.
+    async fn extend(&self, token: LeaseToken, rows: &[i64], lease: Duration) -> Result<()> {
+        self.table.extend(token, rows, lease).await
+    }
+
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
         self.table
             .settle(token, settlements, self.delete_on_publish)

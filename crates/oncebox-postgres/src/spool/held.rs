@@ -193,6 +193,29 @@ impl SpoolTable {
         held.begin(previous, lease.max(MIN_CLAIM_TIMEOUT_MS), lease)
     }
 
+    /// Extends a held claim: a statement in its transaction restarts the server's idle
+    /// timeout (the lease), then the claim is kept until `lease` from the statement's
+    /// sending. A failed statement ends the transaction, and with it the claim.
+    pub(super) async fn extend_held(
+        &self,
+        token: LeaseToken,
+        mut held: Held,
+        lease: std::time::Duration,
+    ) -> Result<()> {
+        let sent = Instant::now();
+        match sqlx::query("SELECT 1").execute(&mut *held.tx).await {
+            Ok(_) => {
+                held.until = sent + lease;
+                self.held.insert(token, held);
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(%token, %error, "extending a held claim failed: rolled back");
+                Err(Error::LeaseLost)
+            }
+        }
+    }
+
     /// Claims in a new transaction, kept open if it claimed rows.
     pub(super) async fn claim_held<T: SpoolRow>(
         &self,

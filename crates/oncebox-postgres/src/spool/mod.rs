@@ -529,6 +529,37 @@ impl SpoolTable {
         }
     }
 
+    /// Extends the lease of claim `token`, which holds `rows`: a held claim's transaction
+    /// gets a statement (which restarts the server's idle timeout, its lease), a leased
+    /// claim's rows a later lease end.
+    pub(crate) async fn extend(
+        &self,
+        token: LeaseToken,
+        rows: &[i64],
+        lease: std::time::Duration,
+    ) -> Result<()> {
+        match self.held.take(token) {
+            Taken::Held(held) => self.extend_held(token, held, lease).await,
+            Taken::Expired => Err(oncebox_core::Error::LeaseLost),
+            Taken::Unknown => {
+                let extended = self
+                    .scoped(
+                        query(&self.sql.extend)
+                            .bind(token.to_string())
+                            .bind(rows.to_vec())
+                            .bind(duration_ms(lease).max(1)),
+                    )
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)?;
+                if extended.rows_affected() == 0 && !rows.is_empty() {
+                    return Err(oncebox_core::Error::LeaseLost);
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// A leased claim's settle statement for `settlements`, or `None` if there are none.
     fn settle_query(
         &self,

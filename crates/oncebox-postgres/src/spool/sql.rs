@@ -98,6 +98,9 @@ pub(crate) struct SpoolSql {
     pub(crate) settle: Arc<str>,
     /// As `settle`, deleting done rows instead of marking them.
     pub(crate) settle_delete: Arc<str>,
+    /// `$1` token, `$2` the claim's seqs, `$3` lease ms, `[$4 scope]`: a leased claim's
+    /// extension.
+    pub(crate) extend: Arc<str>,
     /// `$1` age ms, `$2` limit, `[$3 scope]`.
     pub(crate) purge: Arc<str>,
     /// `claim_window` and `claim_keys` under `EXPLAIN (ANALYZE, BUFFERS)`.
@@ -270,6 +273,7 @@ impl SpoolSql {
             claim_keys: claim_keys(layout, Hold::Lease).into(),
             settle: settle(layout, false, Hold::Lease).into(),
             settle_delete: settle(layout, true, Hold::Lease).into(),
+            extend: extend(layout).into(),
             purge: purge(layout).into(),
             held,
         }
@@ -921,6 +925,23 @@ fn settle_done_inline(layout: &Layout, delete_done: bool) -> (String, String) {
     (
         format!("{prefix} WHERE t.ctid = ANY('{{"),
         format!("}}'::tid[]) AND t.{} = 'pending'", c.status),
+    )
+}
+
+/// Extends a leased claim: the lease of its rows (`$2`, found by `seq`) that `$1` still
+/// holds moves to `$3` ms from now; rows whose lease ended are left alone.
+fn extend(layout: &Layout) -> String {
+    let c = &layout.col;
+    format!(
+        "UPDATE {table} AS t SET {lease_until} = statement_timestamp() + $3 * interval '1 millisecond'
+WHERE t.{seq} = ANY($2::bigint[]) AND t.{lease_token} = $1::uuid AND t.{status} = 'pending'
+  AND t.{lease_until} > statement_timestamp(){scope}",
+        table = layout.table,
+        lease_until = c.lease_until,
+        seq = c.seq,
+        lease_token = c.lease_token,
+        status = c.status,
+        scope = scope(layout, "t", 4),
     )
 }
 

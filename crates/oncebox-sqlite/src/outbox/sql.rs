@@ -55,6 +55,7 @@ LIMIT ?2"
     ),
     record_claim: "\
 INSERT INTO oncebox_outbox_claims (token, claimed_at, until, seqs) VALUES (?3, ?1, ?2, ?4)",
+    extend: "UPDATE oncebox_outbox_claims SET until = ?2 WHERE token = ?1 AND until > ?3",
     done: concat!(
         "\
 UPDATE oncebox_outbox SET status = 'done', done_at = ?3

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::spool::{Sink, Spool, SpoolOptions, SpoolStore};
+use oncebox_core::spool::{Relay, SpoolOptions, SpoolStore};
 use oncebox_core::{Backoff, Error, Message, MessageId, Publisher, Result};
 use tokio::time::Instant;
 
@@ -124,14 +124,14 @@ fn relay_options(name: &str) -> SpoolOptions {
 
 /// Runs `relays` until `done()` holds or `limit` passes, then shuts them down and waits
 /// for them to finish their round.
-async fn run_relays_until<S, K>(
+async fn run_relays_until<S, P>(
     what: &str,
-    relays: &[Spool<S, K>],
+    relays: &[Relay<S, P>],
     limit: Duration,
     done: impl Fn() -> bool,
 ) where
-    S: SpoolStore,
-    K: Sink<S::Item>,
+    S: SpoolStore<Item = Message>,
+    P: Publisher,
 {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let runs = relays.iter().map(|relay| {
@@ -182,7 +182,7 @@ pub async fn relay_keeps_commit_order<H: OutboxHarness>(harness: &H) {
     let relays = [
         ok(
             "relay a",
-            Spool::relay(
+            Relay::new(
                 harness.store(),
                 broker.publisher(),
                 relay_options("relay-a"),
@@ -190,7 +190,7 @@ pub async fn relay_keeps_commit_order<H: OutboxHarness>(harness: &H) {
         ),
         ok(
             "relay b",
-            Spool::relay(
+            Relay::new(
                 harness.store(),
                 broker.publisher(),
                 relay_options("relay-b"),
@@ -289,7 +289,7 @@ pub async fn relay_backs_off_then_dead_letters<H: OutboxHarness>(harness: &H) {
     let hook = Arc::clone(&dead);
     let relay = ok(
         "relay",
-        Spool::relay(harness.store(), publisher.clone(), options),
+        Relay::new(harness.store(), publisher.clone(), options),
     )
     .on_dead_letter(move |m, reason| {
         hook.lock()
@@ -401,7 +401,7 @@ pub async fn relay_cleanup_purges_published<H: OutboxHarness>(harness: &H) {
     publisher.fail(refused.id, Failure::Permanent);
     let relay = ok(
         "relay",
-        Spool::relay(harness.store(), publisher.clone(), relay_options("relay")),
+        Relay::new(harness.store(), publisher.clone(), relay_options("relay")),
     );
     let deadline = Instant::now() + STEP;
     let mut settled = 0;
@@ -422,7 +422,7 @@ pub async fn relay_cleanup_purges_published<H: OutboxHarness>(harness: &H) {
 
     let keep = ok(
         "relay with 1 h retention",
-        Spool::relay(
+        Relay::new(
             harness.store(),
             publisher.clone(),
             relay_options("relay").retention(Duration::from_secs(3600)),
@@ -439,7 +439,7 @@ pub async fn relay_cleanup_purges_published<H: OutboxHarness>(harness: &H) {
         .cleanup_batch(5);
     let purge = ok(
         "relay with zero retention",
-        Spool::relay(harness.store(), publisher, options),
+        Relay::new(harness.store(), publisher, options),
     );
     let deleted = ok("cleanup with zero retention", purge.cleanup().await);
     assert_eq!(
@@ -472,4 +472,133 @@ pub async fn relay_cleanup_purges_published<H: OutboxHarness>(harness: &H) {
         0,
         "nothing is left to clean up"
     );
+}
+
+/// A publisher that takes `delay` per message and records, per key, which relay has a
+/// publish in flight, and every moment two relays had one for the same key.
+struct SlowTracking {
+    inner: oncebox_core::memory::MemoryPublisher,
+    relay: usize,
+    delay: Duration,
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    overlaps: Arc<Mutex<Vec<String>>>,
+}
+
+/// Takes the key off the in-flight map when its publish ends or is dropped.
+struct Publishing<'a> {
+    tracking: &'a SlowTracking,
+    key: String,
+}
+
+impl Drop for Publishing<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .tracking
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if in_flight.get(&self.key) == Some(&self.tracking.relay) {
+            in_flight.remove(&self.key);
+        }
+    }
+}
+
+impl Publisher for SlowTracking {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        let key = message.key.clone().unwrap_or_default();
+        {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(other) = in_flight.insert(key.clone(), self.relay)
+                && other != self.relay
+            {
+                self.overlaps
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(format!("{key}: relays {other} and {} at once", self.relay));
+            }
+        }
+        let _publishing = Publishing {
+            tracking: self,
+            key,
+        };
+        tokio::time::sleep(self.delay).await;
+        self.inner.publish(message).await
+    }
+}
+
+/// Two relays over a broker so slow that one key's batch takes several leases to
+/// publish: the relay holding the key renews its lease while it publishes, so the other
+/// never claims the key meanwhile. No key is ever in flight on both relays, every
+/// message is published, each key's messages in commit order, none twice.
+pub async fn slow_broker_past_the_lease_never_overlaps<H: OutboxHarness>(harness: &H) {
+    const KEYS: usize = 3;
+    const PER_KEY: usize = 6;
+    let lease = Duration::from_secs(1);
+    let mut messages = Vec::new();
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            messages.push(message(
+                Some(&format!("slow-{k}")),
+                &format!("slow-{k}/{i}"),
+            ));
+        }
+    }
+    ok("enqueue", harness.enqueue(&messages).await);
+    let broker = MemoryBroker::new();
+    let in_flight = Arc::default();
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    let relays: Vec<_> = (0..2)
+        .map(|relay| {
+            let publisher = SlowTracking {
+                inner: broker.publisher(),
+                relay,
+                // Each key's six messages take 2.4 s: more than two leases.
+                delay: lease * 2 / 5,
+                in_flight: Arc::clone(&in_flight),
+                overlaps: Arc::clone(&overlaps),
+            };
+            let options = relay_options(&format!("slow-relay-{relay}"))
+                .lease(lease)
+                .dispatch_timeout(lease / 2);
+            ok("relay", Relay::new(harness.store(), publisher, options))
+        })
+        .collect();
+    let total = messages.len();
+    run_relays_until(
+        "two relays over a slow broker",
+        &relays,
+        Duration::from_secs(30),
+        || broker.published(TOPIC).len() >= total,
+    )
+    .await;
+    let overlaps = overlaps
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert!(
+        overlaps.is_empty(),
+        "a key was in flight on two relays (a lease ended in the middle of a batch): {overlaps:?}"
+    );
+    let published: Vec<String> = broker.published(TOPIC).iter().map(label).collect();
+    assert_eq!(
+        published.len(),
+        total,
+        "published twice or lost: {published:?}"
+    );
+    for k in 0..KEYS {
+        let prefix = format!("slow-{k}/");
+        let order: Vec<&String> = published
+            .iter()
+            .filter(|l| l.starts_with(&prefix))
+            .collect();
+        let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{prefix}{i}")).collect();
+        assert_eq!(
+            order,
+            expected.iter().collect::<Vec<_>>(),
+            "key slow-{k} out of commit order"
+        );
+    }
 }
