@@ -29,6 +29,7 @@
 //! | [`delete_on_publish_deletes_done_rows_only`] | with delete on publish, done rows are deleted at settle, retried and dead rows kept, stale tokens fenced |
 //! | [`rolled_back_enqueue_is_never_claimed`] | atomic enqueue: a rolled-back transaction leaves no row |
 //! | [`bad_input_is_a_typed_error`] | duplicate ids and invalid messages are typed errors and store nothing |
+//! | [`broker_outage_spends_no_attempts`] | publishes refused for an outage of the broker are handed back without counting attempts: nothing is dead-lettered |
 //! | [`slow_broker_past_the_lease_never_overlaps`] | with a broker slower than the lease, two relays never have one key in flight at once: the holder renews its lease |
 //! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
 //! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
@@ -54,8 +55,8 @@ pub use claiming::{
     per_key_prefix,
 };
 pub use relay::{
-    Attempt, FailingPublisher, Failure, relay_backs_off_then_dead_letters,
-    relay_cleanup_purges_published, relay_keeps_commit_order,
+    Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,
+    relay_backs_off_then_dead_letters, relay_cleanup_purges_published, relay_keeps_commit_order,
     slow_broker_past_the_lease_never_overlaps,
 };
 pub use settling::{

@@ -602,3 +602,63 @@ pub async fn slow_broker_past_the_lease_never_overlaps<H: OutboxHarness>(harness
         );
     }
 }
+
+/// A publisher whose broker is down for its first `down` calls (an outage: the
+/// connection is refused), then up.
+struct DownThenUp {
+    inner: oncebox_core::memory::MemoryPublisher,
+    down: std::sync::atomic::AtomicUsize,
+}
+
+impl Publisher for DownThenUp {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        let down = self
+            .down
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |left| left.checked_sub(1),
+            )
+            .is_ok();
+        if down {
+            return Err(Error::transport_outage("connection refused"));
+        }
+        self.inner.publish(message).await
+    }
+}
+
+/// A broker outage spends no attempt: with an attempt limit of 2, a broker down for ten
+/// publishes dead-letters nothing, and once it is back every message is published, in
+/// commit order per key, with no attempt counted.
+pub async fn broker_outage_spends_no_attempts<H: OutboxHarness>(harness: &H) {
+    let messages: Vec<Message> = (0..4)
+        .map(|i| message(Some("outage"), &format!("outage/{i}")))
+        .collect();
+    ok("enqueue", harness.enqueue(&messages).await);
+    let broker = MemoryBroker::new();
+    let publisher = DownThenUp {
+        inner: broker.publisher(),
+        down: std::sync::atomic::AtomicUsize::new(10),
+    };
+    let backoff = Backoff::new()
+        .initial(Duration::from_millis(10))
+        .max(Duration::from_millis(40))
+        .jitter(0.0);
+    let options = relay_options("outage").max_attempts(2).backoff(backoff);
+    let relay = ok("relay", Relay::new(harness.store(), publisher, options));
+    run_relays_until(
+        "a relay through a broker outage",
+        std::slice::from_ref(&relay),
+        Duration::from_secs(15),
+        || broker.published(TOPIC).len() >= messages.len(),
+    )
+    .await;
+    let published: Vec<String> = broker.published(TOPIC).iter().map(label).collect();
+    let expected: Vec<String> = messages.iter().map(label).collect();
+    assert_eq!(published, expected, "published in commit order, each once");
+    for m in &messages {
+        let row = state(harness, m).await;
+        assert_eq!(row.status, RowStatus::Done, "{}: not published", label(m));
+        assert_eq!(row.attempts, 0, "{}: the outage spent attempts", label(m));
+    }
+}
