@@ -125,8 +125,13 @@ impl KafkaTransportError {
 }
 
 impl From<KafkaTransportError> for Error {
+    /// No broker answering is an outage (the relay hands its rows back without
+    /// spending attempts); other errors are transient or permanent as
+    /// [`KafkaTransportError::is_transient`] says.
     fn from(error: KafkaTransportError) -> Self {
-        if error.is_transient() {
+        if matches!(error, KafkaTransportError::Unreachable { .. }) {
+            Error::transport_outage(error)
+        } else if error.is_transient() {
             Error::transport_transient(error)
         } else {
             Error::transport_permanent(error)

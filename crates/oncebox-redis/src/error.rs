@@ -1,16 +1,25 @@
 //! How Redis client errors map onto [`oncebox_core::Error`].
 
-use oncebox_core::Error;
+use oncebox_core::{Error, Fault};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-/// A store error from a Redis error: lost connections, timeouts and a server that is
-/// loading, failing over, read-only or out of memory are transient; script, type and
-/// configuration errors are permanent.
+/// A store error from a Redis error: a refused or lost connection is an outage (no
+/// fault of the message: a consumer waits for Redis without spending attempts);
+/// timeouts and a server that is loading, failing over, read-only or out of memory are
+/// transient; script, type and configuration errors are permanent.
 pub(crate) fn store_error(error: RedisError) -> Error {
-    if is_transient(&error) {
-        Error::store_transient(error)
+    let fault = fault(&error);
+    Error::store(error, fault)
+}
+
+/// What retrying a command that failed with `error` would do.
+fn fault(error: &RedisError) -> Fault {
+    if error.is_connection_refusal() || error.is_connection_dropped() || error.is_io_error() {
+        Fault::Outage
+    } else if is_transient(error) {
+        Fault::Transient
     } else {
-        Error::store_permanent(error)
+        Fault::Permanent
     }
 }
 
@@ -24,11 +33,8 @@ pub(crate) fn transport_error(error: RedisError, key: &str) -> Error {
             source: error,
         });
     }
-    if is_transient(&error) {
-        Error::transport_transient(error)
-    } else {
-        Error::transport_permanent(error)
-    }
+    let fault = fault(&error);
+    Error::transport(error, fault)
 }
 
 /// Whether the server answered with error code `code` (`NOGROUP`, `BUSYGROUP`, ...).
@@ -94,12 +100,13 @@ mod tests {
     #[test]
     fn classification() {
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(store_error(io.clone()).is_transient());
-        assert!(transport_error(io, "s").is_transient());
+        assert!(store_error(io.clone()).is_outage());
+        assert!(transport_error(io, "s").is_outage());
         let parse = RedisError::from((ErrorKind::UnexpectedReturnType, "not an array"));
         assert!(!store_error(parse).is_transient());
         let oom = redis::make_extension_error("OOM".into(), Some("maxmemory".into()));
-        assert!(transport_error(oom, "s").is_transient());
+        let oom = transport_error(oom, "s");
+        assert!(oom.is_transient() && !oom.is_outage());
         let wrong = redis::make_extension_error("WRONGTYPE".into(), None);
         let error = transport_error(wrong, "orders");
         assert!(!error.is_transient());
