@@ -72,6 +72,7 @@ macro_rules! inbox_checks {
             durable_accept_dedups,
             durable_processor_runs_each_effect_once,
             durable_stale_complete_is_lease_lost,
+            durable_retention_is_the_dedup_window,
         );
     };
 }

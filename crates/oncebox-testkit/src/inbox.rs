@@ -26,6 +26,7 @@
 //! | [`purge_is_bounded_and_selective`] | purge deletes one consumer's records processed before `before`, at most `limit` per call, never another consumer's |
 //! | [`hostile_ids_round_trip`] | consumer names and ids full of quotes, backslashes, dollar quotes and NUL are data, found again exactly |
 //! | [`purge_respects_dedup_window`] | [`TransactionalInbox::purge_older_than`] refuses an age below the dedup window |
+//! | [`durable_retention_is_the_dedup_window`] | the processor keeps processed deliveries for the dedup window, and refuses a shorter retention |
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
 //! | [`durable_processor_runs_each_effect_once`] | two [`DurableInbox::processor`] spools with failing handler calls run each effect once |
 //! | [`durable_stale_complete_is_lease_lost`] | `complete` with a stale token is [`Error::LeaseLost`] and the rollback undoes the effect |
@@ -51,7 +52,7 @@ mod transactional;
 
 pub use durable::{
     durable_accept_dedups, durable_processor_runs_each_effect_once,
-    durable_stale_complete_is_lease_lost,
+    durable_retention_is_the_dedup_window, durable_stale_complete_is_lease_lost,
 };
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,

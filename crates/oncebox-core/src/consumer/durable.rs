@@ -37,15 +37,32 @@ impl<S: DurableInboxStore> DurableInbox<S> {
     /// The spool that processes stored deliveries with `handler`, each in one transaction
     /// with the mark that it is done.
     ///
+    /// The inbox's dedup window ([`ConsumerOptions::dedup_window`]) is the one setting of
+    /// how long deliveries are remembered: processed rows are kept that long (a kept row
+    /// is what makes a redelivery a duplicate), unless `options` set a longer retention.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) if `options` fail
-    /// validation.
+    /// validation, or set a retention shorter than the dedup window (duplicates arriving
+    /// after it would be stored and processed again).
     pub fn processor<H: TxHandler<S::Tx>>(
         &self,
         handler: H,
-        options: SpoolOptions,
+        mut options: SpoolOptions,
     ) -> Result<Spool<Arc<S>, HandlerSink<S, H>>> {
+        let window = self.options.dedup_window;
+        match options.retention {
+            Some(retention) if retention < window => {
+                return Err(crate::Error::InvalidOptions(format!(
+                    "the processor's retention ({retention:?}) is shorter than the inbox's \
+                     dedup window ({window:?}): duplicates arriving after it would be \
+                     processed again"
+                )));
+            }
+            Some(_) => {}
+            None => options.retention = Some(window),
+        }
         let sink = HandlerSink {
             store: Arc::clone(&self.store),
             handler,

@@ -27,7 +27,7 @@ mod store;
 
 pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
 pub use engine::{BatchReport, DeadLetterHook, Spool};
-pub use options::SpoolOptions;
+pub use options::{DEFAULT_RETENTION, SpoolOptions};
 pub use relay::Relay;
 pub use sink::{PublishSink, Sink};
 pub use store::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolItem, SpoolStore};

@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use crate::{Backoff, Error, Result};
 
+/// How long an outbox keeps published rows unless told otherwise: 24 h.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// How a [`Spool`](super::Spool) claims, dispatches, retries and cleans up.
 ///
 /// ```
@@ -29,7 +32,8 @@ pub struct SpoolOptions {
     pub(crate) backoff: Backoff,
     pub(crate) min_poll: Duration,
     pub(crate) max_poll: Duration,
-    pub(crate) retention: Duration,
+    /// `None`: [`DEFAULT_RETENTION`], or the dedup window for a durable inbox.
+    pub(crate) retention: Option<Duration>,
     pub(crate) cleanup_interval: Duration,
     pub(crate) cleanup_batch: usize,
 }
@@ -48,7 +52,7 @@ impl SpoolOptions {
             backoff: Backoff::new(),
             min_poll: Duration::from_millis(10),
             max_poll: Duration::from_secs(1),
-            retention: Duration::from_secs(24 * 3600),
+            retention: None,
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 1000,
         }
@@ -122,9 +126,12 @@ impl SpoolOptions {
         self
     }
 
-    /// How long done rows are kept before cleanup deletes them. Default: 24 h.
+    /// How long done rows are kept before cleanup deletes them. Default: 24 h
+    /// ([`DEFAULT_RETENTION`]) for an outbox; for a durable inbox's processor, the
+    /// inbox's dedup window, which a retention set here may not be shorter than (a
+    /// stored delivery is what recognises its duplicates).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        self.retention = Some(retention);
         self
     }
 
@@ -143,6 +150,11 @@ impl SpoolOptions {
     /// The configured lease.
     pub fn lease_duration(&self) -> Duration {
         self.lease
+    }
+
+    /// How long done rows are kept: the retention set, else [`DEFAULT_RETENTION`].
+    pub fn retention_duration(&self) -> Duration {
+        self.retention.unwrap_or(DEFAULT_RETENTION)
     }
 
     /// Checks the options for values that cannot work.

@@ -324,3 +324,43 @@ pub async fn durable_stale_complete_is_lease_lost<H: DurableInboxHarness>(harnes
         labels(&rows)
     );
 }
+
+/// The inbox's dedup window is the one setting of how long processed deliveries are
+/// kept: the processor keeps them that long by default, and refuses a retention shorter
+/// than the window (a duplicate arriving after it would be processed again).
+pub async fn durable_retention_is_the_dedup_window<H: DurableInboxHarness>(harness: &H) {
+    let window = Duration::from_secs(3 * 24 * 3600);
+    let inbox = ok(
+        "DurableInbox::new",
+        DurableInbox::new(
+            harness.durable("window"),
+            ConsumerOptions::new("window").dedup_window(window),
+        ),
+    );
+    let processor = ok(
+        "a processor with the default retention",
+        inbox.processor(EffectHandler::<H>::new("window"), SpoolOptions::new()),
+    );
+    assert_eq!(
+        processor.options().retention_duration(),
+        window,
+        "processed deliveries are kept for the dedup window"
+    );
+    let refused = inbox.processor(
+        EffectHandler::<H>::new("window"),
+        SpoolOptions::new().retention(Duration::from_secs(3600)),
+    );
+    assert!(
+        matches!(refused, Err(Error::InvalidOptions(_))),
+        "a retention shorter than the dedup window must be refused"
+    );
+    let longer = window * 2;
+    let processor = ok(
+        "a processor with a longer retention",
+        inbox.processor(
+            EffectHandler::<H>::new("window"),
+            SpoolOptions::new().retention(longer),
+        ),
+    );
+    assert_eq!(processor.options().retention_duration(), longer);
+}
