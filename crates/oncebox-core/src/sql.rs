@@ -107,6 +107,11 @@ fn sqlite_fault(code: Option<&str>) -> Fault {
     }
 }
 
+/// A row count for `LIMIT`, saturating.
+pub fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
 /// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names
 /// the table, the row and the column.
 pub struct RowReader<'r, R> {

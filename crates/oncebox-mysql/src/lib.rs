@@ -84,10 +84,8 @@
 //! - **Status** is a `TINYINT` (0 pending, 1 done, 2 dead). With an `ENUM`, MariaDB no
 //!   longer reads the `(status, key, seq)` index in order one group per key.
 //! - **Settlement columns** (`done_at`, `dead_at`, `available_at`) are `NOT NULL` and
-//!   fixed-size, zero meaning "none": settling rewrites each row in place. A `NULL`
-//!   becoming a value grows the row, and made an update of 256 rows about four times
-//!   slower (5 ms against 1.2 ms in the relay benchmark, MariaDB 10.11, measured on the
-//!   lease columns of schema version 1).
+//!   fixed-size, zero meaning "none": settling rewrites each row in place, where a
+//!   `NULL` becoming a value would grow the row and move it.
 //! - **Leases** are not written into the rows: a claim is one row of `oncebox_claims`
 //!   (see "Claiming").
 //!
@@ -190,9 +188,9 @@
 //! the one before them are sent together, in one request: the start of the transaction
 //! with the first statement, the claim lock with the read of the claims and the window
 //! (after the settlement's updates when the relay settles and claims at once), the
-//! claim's record with the commit. A round trip costs about 0.1 ms on a loaded host,
-//! more than most of those statements take to run; a relay's batch makes three instead
-//! of nine. Such requests use the text protocol, with values written as literals
+//! claim's record with the commit. A round trip costs more than most of those statements
+//! take to run; a relay's batch makes three instead of nine. Such requests use the text
+//! protocol, with values written as literals
 //! (integers in decimal, bytes in hexadecimal). A claim or settlement dropped before
 //! its commit closes its connection, so that the server rolls it back. The plans are in
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]
@@ -213,8 +211,8 @@
 //! time and error); released rows only leave the claim. The claim keeps the rows not
 //! settled, or is deleted. All in one transaction. When the relay settles and claims at
 //! once, the settlement commits and the claim's transaction starts in the same request:
-//! read in the transaction that had just changed the last batch's rows, the claim's
-//! window cost about 1.1 ms more per batch on MariaDB 10.11 than a second commit does.
+//! a window read in the transaction that had just changed the last batch's rows costs
+//! more than a second commit does.
 //! The durable inbox's `complete` checks in the handler's
 //! transaction that its claim still holds the row, the claim's row locked in share mode,
 //! so completions of one claim do not wait for each other. Retention deletes done rows in

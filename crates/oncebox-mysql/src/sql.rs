@@ -1,9 +1,6 @@
 //! What every store's statements share: the database's clock, lists passed as JSON,
 //! read-committed transactions, and small conversions.
 
-use std::time::{Duration, SystemTime};
-
-use oncebox_core::time::duration_millis;
 use sqlx::mysql::{MySqlArguments, MySqlPool};
 use sqlx::query::Query;
 use sqlx::{MySql, Transaction};
@@ -118,32 +115,11 @@ pub(crate) fn query_owned(sql: String) -> MySqlQuery {
     sqlx::query(sqlx::AssertSqlSafe(sql))
 }
 
-/// A row count for `LIMIT`.
-pub(crate) fn sql_limit(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
+pub(crate) use oncebox_core::sql::sql_limit;
 
-/// Offsets are clamped to ±100 years, far inside `BIGINT` milliseconds.
-const MAX_OFFSET_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
-
-/// A duration in milliseconds, clamped for arithmetic on the database's clock.
-pub(crate) fn duration_ms(duration: Duration) -> i64 {
-    duration_millis(duration).min(MAX_OFFSET_MS)
-}
-
-/// How far `at` lies ahead of now, in milliseconds (0 if it has passed): the caller's
-/// absolute times become offsets applied to the database's clock.
-pub(crate) fn ms_until(at: SystemTime) -> i64 {
-    at.duration_since(SystemTime::now()).map_or(0, duration_ms)
-}
-
-/// How far `at` lies behind now, in milliseconds (negative if it is in the future).
-pub(crate) fn ms_since(at: SystemTime) -> i64 {
-    match SystemTime::now().duration_since(at) {
-        Ok(ago) => duration_ms(ago),
-        Err(ahead) => -duration_ms(ahead.duration()),
-    }
-}
+pub(crate) use oncebox_core::time::{
+    millis_since as ms_since, millis_until as ms_until, offset_millis as duration_ms,
+};
 
 /// A UUID as the 16 bytes of a `BINARY(16)` column.
 pub(crate) fn uuid_bytes(uuid: &uuid::Uuid) -> Vec<u8> {
@@ -155,12 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn offsets_and_lists() {
-        assert_eq!(ms_until(SystemTime::now() - Duration::from_secs(5)), 0);
-        let ahead = ms_until(SystemTime::now() + Duration::from_secs(5));
-        assert!((4_900..=5_000).contains(&ahead));
-        assert!(ms_since(SystemTime::now() + Duration::from_secs(5)) < 0);
-        assert_eq!(duration_ms(Duration::MAX), MAX_OFFSET_MS);
+    fn lists() {
         assert_eq!(
             with_list("IN ({list})", 3),
             format!("IN ({})", ["?"; 8].join(", "))

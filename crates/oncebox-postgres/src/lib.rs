@@ -154,9 +154,8 @@
 //! another claim holds costs one skipped row and the claim locks little it does not keep.
 //! Held claims lock and settle rows by `ctid` (TID scans): their transaction holds the
 //! rows, so the rows cannot move. Statements whose only values are limits have them
-//! written in rather than bound, so that each connection plans them once. The costs,
-//! measured on a table of 2,000,000 pending rows, are in
-//! [`PgOutbox`'s `claim`](PgOutbox#method.claim).
+//! written in rather than bound, so that each connection plans them once.
+//! [`PgOutbox::explain_claim`] shows the plans on your data.
 //!
 //! Settling is one statement per batch (`UPDATE ... FROM unnest(...)`, filtered by the
 //! lease token for a leased claim), retention deletes done rows in bounded batches on a
@@ -172,9 +171,8 @@
 //! Relays poll with an adaptive interval. With [`PgOutbox::with_notify`], `enqueue` also
 //! sends a `NOTIFY` in the producer's transaction and relays `LISTEN` (on a connection of
 //! their own), so a relay wakes as soon as a transaction that enqueued commits. PostgreSQL
-//! serialises the commits of notifying transactions: measured on a 2-core machine with a
-//! fast disk, adding `NOTIFY` to a transaction that writes a business row and an outbox
-//! row cost about 36 % of the commits per second at 16 clients, and more where fsync is
+//! serialises the commits of notifying transactions, so a notifying producer commits
+//! fewer transactions per second under concurrency, and fewer still where fsync is
 //! slow. So it is off by default; turn it on where latency matters more than peak
 //! producer throughput. `NOTIFY` does not reach listeners behind PgBouncer in transaction
 //! pooling mode: relays then poll, as they do whenever the listener fails.

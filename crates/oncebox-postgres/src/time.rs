@@ -9,9 +9,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Offsets are clamped to ±100 years, far inside PostgreSQL's interval range.
-const MAX_OFFSET_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
-
 /// `$n` microseconds since the Unix epoch as a `timestamptz` (exact: no float rounding).
 pub(crate) fn micros_param(n: usize) -> String {
     format!("(timestamptz 'epoch' + ${n}::bigint * interval '1 microsecond')")
@@ -45,25 +42,9 @@ pub(crate) fn from_micros(micros: i64) -> SystemTime {
     }
 }
 
-/// A duration in milliseconds, clamped for interval arithmetic.
-pub(crate) fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis())
-        .unwrap_or(i64::MAX)
-        .min(MAX_OFFSET_MS)
-}
-
-/// How far `at` lies ahead of now, in milliseconds (0 if it has passed).
-pub(crate) fn ms_until(at: SystemTime) -> i64 {
-    at.duration_since(SystemTime::now()).map_or(0, duration_ms)
-}
-
-/// How far `at` lies behind now, in milliseconds (negative if it is in the future).
-pub(crate) fn ms_since(at: SystemTime) -> i64 {
-    match SystemTime::now().duration_since(at) {
-        Ok(ago) => duration_ms(ago),
-        Err(ahead) => -duration_ms(ahead.duration()),
-    }
-}
+pub(crate) use oncebox_core::time::{
+    millis_since as ms_since, millis_until as ms_until, offset_millis as duration_ms,
+};
 
 /// A non-negative count of microseconds as a duration.
 pub(crate) fn micros_duration(micros: i64) -> Duration {
@@ -75,15 +56,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trips_and_offsets() {
+    fn round_trips() {
         for us in [0, 1, 1_700_000_000_123_456, -5] {
             assert_eq!(to_micros(from_micros(us)), us);
         }
-        assert_eq!(ms_until(SystemTime::now() - Duration::from_secs(5)), 0);
-        let ahead = ms_until(SystemTime::now() + Duration::from_secs(5));
-        assert!((4_900..=5_000).contains(&ahead));
-        assert!(ms_since(SystemTime::now() + Duration::from_secs(5)) < 0);
-        assert_eq!(duration_ms(Duration::MAX), MAX_OFFSET_MS);
         assert_eq!(micros_duration(-3), Duration::ZERO);
     }
 }

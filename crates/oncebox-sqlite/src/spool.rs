@@ -420,10 +420,7 @@ fn json_list(seqs: &[i64]) -> String {
     list
 }
 
-/// A row count for `LIMIT`.
-pub(crate) fn sql_limit(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
+pub(crate) use oncebox_core::sql::sql_limit;
 
 /// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary.
 fn cap_error(error: &str) -> String {

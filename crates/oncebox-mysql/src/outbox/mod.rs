@@ -230,29 +230,13 @@ impl SpoolStore for MySqlOutbox {
     /// probe per key and locks the rows it picks `FOR UPDATE SKIP LOCKED`; and the
     /// claim's row in `oncebox_claims`.
     ///
-    /// The plans of its reads on MariaDB 10.11, on 200,000 pending rows over 2,000 keys,
-    /// claiming 256 rows (from [`MySqlOutbox::explain_claim`], the `possible_keys` column
-    /// left out):
-    ///
-    /// ```text
-    /// -- window
-    /// id  select_type  table           type   key                     key_len  ref    rows   Extra
-    /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL   99165  Using index condition
-    /// -- window, skipping
-    /// 1   SIMPLE       t               range  oncebox_outbox_pending  1        NULL   99165  Using index condition
-    /// -- lock
-    /// 1   SIMPLE       t               range  PRIMARY                 8        NULL   256    Using where
-    /// -- claims
-    /// 1   SIMPLE       oncebox_claims  ref    PRIMARY                 302      const  1      Using where
-    /// ```
-    ///
     /// The window is the head of the `(status, seq)` index, read in order and stopped by
     /// the `LIMIT` (`rows` estimates the whole range of pending rows, not what is read);
     /// the rows it passes over (`seq NOT IN (...)`) are left out by the index
     /// condition, before their primary-key lookups. Step 2's locking read finds the
     /// picked rows by primary key, and the claims are one primary-key range. Nothing
     /// sorts, nothing scans the table. The test `claim_plans_use_the_indexes` checks
-    /// these plans.
+    /// these plans; [`MySqlOutbox::explain_claim`] shows them on your data.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Message>>> {
         self.seen.mark();
         self.table.claim(request).await

@@ -676,10 +676,7 @@ fn claimed_rows(rows: Vec<PgRow>) -> Result<Vec<(i64, PgRow)>> {
     Ok(claimed)
 }
 
-/// A row count for `LIMIT`.
-pub(crate) fn sql_limit(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
+pub(crate) use oncebox_core::sql::sql_limit;
 
 /// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary, without NUL bytes
 /// (which `text` cannot hold).
