@@ -385,7 +385,7 @@ pub async fn relay_backs_off_then_dead_letters<H: OutboxHarness>(harness: &H) {
     }
 }
 
-/// [`Spool::cleanup`] keeps published rows within the retention, and with a zero
+/// [`Relay::cleanup`] keeps published rows within the retention, and with a zero
 /// retention deletes all of them, in batches of `cleanup_batch`; dead and pending rows
 /// stay.
 pub async fn relay_cleanup_purges_published<H: OutboxHarness>(harness: &H) {
