@@ -107,6 +107,19 @@ fn sqlite_fault(code: Option<&str>) -> Fault {
     }
 }
 
+/// The result of a statement fenced by a token (a lease's, a claim's): `Ok` if it
+/// changed a row, [`Error::LeaseLost`] if the token holds nothing any more.
+///
+/// # Errors
+///
+/// [`Error::LeaseLost`] when `rows_affected` is 0.
+pub fn fenced(rows_affected: u64) -> Result<(), Error> {
+    if rows_affected == 0 {
+        return Err(Error::LeaseLost);
+    }
+    Ok(())
+}
+
 /// A row count for `LIMIT`, saturating.
 pub fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)

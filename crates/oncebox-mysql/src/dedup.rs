@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use oncebox_core::sql::fenced;
 use oncebox_core::store::{Begin, DedupStore, FencingToken};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::Row;
@@ -180,10 +181,7 @@ impl DedupStore for MySqlDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
@@ -197,10 +195,7 @@ impl DedupStore for MySqlDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
@@ -210,10 +205,7 @@ impl DedupStore for MySqlDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if deleted.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(deleted.rows_affected())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncebox_core::sql::fenced;
 use oncebox_core::store::{Begin, DedupStore, FencingToken};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::Row;
@@ -197,10 +198,7 @@ impl DedupStore for PgDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
@@ -211,10 +209,7 @@ impl DedupStore for PgDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
@@ -224,10 +219,7 @@ impl DedupStore for PgDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if deleted.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(deleted.rows_affected())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use oncebox_core::sql::fenced;
 use oncebox_core::store::{Begin, DedupStore, FencingToken};
 use oncebox_core::time::{duration_millis, to_unix_millis};
 use oncebox_core::{Bytes, Error, Result};
@@ -150,10 +151,7 @@ impl DedupStore for SqliteDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
@@ -166,10 +164,7 @@ impl DedupStore for SqliteDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(updated.rows_affected())
     }
 
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
@@ -180,10 +175,7 @@ impl DedupStore for SqliteDedupStore {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if deleted.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(deleted.rows_affected())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

@@ -36,9 +36,10 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use oncebox_core::Result;
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement};
+use oncebox_core::sql::fenced;
 use oncebox_core::time::{duration_millis, to_unix_millis};
-use oncebox_core::{Error, Result};
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite};
@@ -272,10 +273,7 @@ impl SpoolTable {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if extended.rows_affected() == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        fenced(extended.rows_affected())
     }
 
     pub(crate) async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use oncebox_core::Result;
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement};
+use oncebox_core::sql::fenced;
 use sqlx::Row;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
 
@@ -108,10 +109,7 @@ impl SpoolTable {
             .execute(&self.pool)
             .await
             .map_err(store_error)?;
-        if extended.rows_affected() == 0 {
-            return Err(oncebox_core::Error::LeaseLost);
-        }
-        Ok(())
+        fenced(extended.rows_affected())
     }
 
     pub(crate) fn table(&self) -> &'static str {
