@@ -3,7 +3,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,8 +25,7 @@ const SHARDS: usize = 16;
 /// again; 503 with `Retry-After` in the HTTP layer) instead of forgetting a live id.
 /// Refusals are counted in [`MemoryDedupStore::refusals`] and the metric
 /// `oncebox_dedup_refused_total{store="memory"}`. Size `capacity` above the number of ids
-/// your TTL window holds and refusals stay at zero. The capacity is spread over 16
-/// shards by the id's hash, so a shard may fill a little before the whole store does.
+/// your TTL window holds and refusals stay at zero.
 ///
 /// Times follow `tokio::time`, so tests with a paused clock can move through leases and
 /// TTLs instantly. Lookups take a lock on one of 16 shards.
@@ -34,7 +33,8 @@ pub struct MemoryDedupStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     capacity: usize,
-    shard_capacity: usize,
+    /// Ids held across the shards (expired ones not yet dropped included).
+    held: AtomicUsize,
     next_token: AtomicU64,
     refusals: AtomicU64,
     down: AtomicBool,
@@ -46,8 +46,8 @@ struct Shard {
     entries: HashMap<Arc<str>, Slot>,
     /// Insertion order, to drop expired entries oldest first; stale pairs are skipped.
     order: VecDeque<(Arc<str>, u64)>,
-    /// When the first live entry expires, as the last full sweep found: until then a
-    /// full shard has no room and a sweep would find none.
+    /// When the first entry expires, as the last sweep found (and inserts since lowered):
+    /// until then a sweep would find nothing to drop. `None` before the first sweep.
     next_expiry: Option<Instant>,
 }
 
@@ -75,8 +75,8 @@ impl MemoryDedupStore {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
-            capacity,
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            capacity: capacity.max(1),
+            held: AtomicUsize::new(0),
             next_token: AtomicU64::new(1),
             refusals: AtomicU64::new(0),
             down: AtomicBool::new(false),
@@ -122,42 +122,78 @@ impl MemoryDedupStore {
     fn begin_sync(&self, id: &str, lease: Duration) -> Result<Begin> {
         self.check_up()?;
         let now = Instant::now();
-        let mut shard = self.shard(id);
-        // A held id (the duplicate's path) is answered without allocating.
-        if let Some(held) = shard.entries.get(id).filter(|s| s.state.until() > now) {
-            return Ok(match &held.state {
-                State::InProgress { until, .. } => Begin::InProgress {
-                    retry_after: *until - now,
-                },
-                State::Completed { result, .. } => Begin::Completed(result.clone()),
-            });
+        let mut swept = false;
+        loop {
+            let mut shard = self.shard(id);
+            // A held id (the duplicate's path) is answered without allocating.
+            if let Some(held) = shard.entries.get(id).filter(|s| s.state.until() > now) {
+                return Ok(match &held.state {
+                    State::InProgress { until, .. } => Begin::InProgress {
+                        retry_after: *until - now,
+                    },
+                    State::Completed { result, .. } => Begin::Completed(result.clone()),
+                });
+            }
+            let dropped = shard.drop_expired_front(now);
+            self.held.fetch_sub(dropped, Ordering::Relaxed);
+            // An expired id is replaced in place; a new one needs room.
+            let new = !shard.entries.contains_key(id);
+            if new && self.held.load(Ordering::Relaxed) >= self.capacity {
+                drop(shard);
+                if swept {
+                    return Err(self.refuse(self.retry_after(now)));
+                }
+                // Expired ids anywhere make room; the shard's lock is released first, as
+                // the sweep takes each shard's in turn.
+                self.sweep(now);
+                swept = true;
+                continue;
+            }
+            let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
+            let generation = token.0;
+            let state = State::InProgress {
+                token,
+                until: now + lease,
+            };
+            let key: Arc<str> = Arc::from(id);
+            // Absent or expired: (re)placed, with a new generation.
+            shard
+                .entries
+                .insert(Arc::clone(&key), Slot { generation, state });
+            shard.order.push_back((key, generation));
+            shard.expires(now + lease);
+            if new {
+                self.held.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(Begin::Started(token));
         }
-        shard.drop_expired_front(now);
-        // An expired id is replaced in place; a new one needs room.
-        if !shard.entries.contains_key(id)
-            && let Err(retry_after) = shard.make_room(self.shard_capacity, now)
-        {
-            drop(shard);
-            self.refusals.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("oncebox_dedup_refused_total", "store" => "memory").increment(1);
-            return Err(Error::AtCapacity {
-                capacity: self.capacity,
-                retry_after,
-            });
+    }
+
+    /// Drops the expired ids of every shard (each shard at most once per expiry).
+    fn sweep(&self, now: Instant) {
+        for shard in &self.shards {
+            let removed = lock(shard).sweep(now);
+            self.held.fetch_sub(removed, Ordering::Relaxed);
         }
-        let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
-        let generation = token.0;
-        let state = State::InProgress {
-            token,
-            until: now + lease,
-        };
-        let key: Arc<str> = Arc::from(id);
-        // Absent or expired: (re)placed, with a new generation.
-        shard
-            .entries
-            .insert(Arc::clone(&key), Slot { generation, state });
-        shard.order.push_back((key, generation));
-        Ok(Begin::Started(token))
+    }
+
+    /// How long until the first live id expires, as the shards' last sweeps found.
+    fn retry_after(&self, now: Instant) -> Duration {
+        self.shards
+            .iter()
+            .filter_map(|shard| lock(shard).next_expiry)
+            .min()
+            .map_or(Duration::ZERO, |next| next.saturating_duration_since(now))
+    }
+
+    /// Counts a refusal and builds its error.
+    fn refuse(&self, retry_after: Duration) -> Error {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("oncebox_dedup_refused_total", "store" => "memory").increment(1);
+        Error::AtCapacity {
+            capacity: self.capacity,
+            retry_after,
+        }
     }
 
     fn extend_sync(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
@@ -196,9 +232,11 @@ impl MemoryDedupStore {
                     result: Bytes::copy_from_slice(result),
                     until: now + ttl,
                 };
+                shard.expires(now + ttl);
             }
             None => {
                 shard.entries.remove(id);
+                self.held.fetch_sub(1, Ordering::Relaxed);
             }
         }
         Ok(())
@@ -206,19 +244,21 @@ impl MemoryDedupStore {
 }
 
 impl Shard {
-    /// Makes room for one more entry below `capacity` by dropping expired entries only;
-    /// without room, the time until the first live entry expires.
-    fn make_room(&mut self, capacity: usize, now: Instant) -> Result<(), Duration> {
-        if self.entries.len() < capacity {
-            return Ok(());
+    /// Notes that an entry expires at `until`, so that a sweep after it looks again.
+    fn expires(&mut self, until: Instant) {
+        if let Some(next) = &mut self.next_expiry {
+            *next = (*next).min(until);
         }
-        if let Some(next) = self.next_expiry
-            && next > now
-        {
-            return Err(next - now);
+    }
+
+    /// Drops every expired entry, at most once per expiry (entries expire out of
+    /// insertion order, as leases and TTLs differ); returns how many. Remembers when the
+    /// first live entry expires.
+    fn sweep(&mut self, now: Instant) -> usize {
+        if self.next_expiry.is_some_and(|next| next > now) {
+            return 0;
         }
-        // Entries expire out of insertion order (leases and TTLs differ): sweep them all,
-        // at most once per expiry.
+        let before = self.entries.len();
         let mut next_expiry: Option<Instant> = None;
         self.entries.retain(|_, slot| {
             let until = slot.state.until();
@@ -230,15 +270,12 @@ impl Shard {
         });
         self.next_expiry = next_expiry;
         self.compact_order();
-        if self.entries.len() < capacity {
-            Ok(())
-        } else {
-            Err(next_expiry.map_or(Duration::ZERO, |next| next - now))
-        }
+        before - self.entries.len()
     }
 
-    /// Drops expired entries from the front of the insertion order.
-    fn drop_expired_front(&mut self, now: Instant) {
+    /// Drops expired entries from the front of the insertion order; returns how many.
+    fn drop_expired_front(&mut self, now: Instant) -> usize {
+        let before = self.entries.len();
         while let Some((id, generation)) = self.order.front() {
             let current = self
                 .entries
@@ -258,6 +295,7 @@ impl Shard {
         if self.order.len() > 2 * self.entries.len() + 16 {
             self.compact_order();
         }
+        before - self.entries.len()
     }
 
     /// Drops the insertion-order pairs of entries that are gone or were replaced.
