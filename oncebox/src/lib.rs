@@ -175,6 +175,11 @@ pub use oncebox_kafka as kafka;
 #[cfg(feature = "http")]
 pub use oncebox_http as http;
 
+/// The README's code, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// Long-form documentation.
 pub mod guide {
     #[doc = include_str!("docs/guarantees.md")]

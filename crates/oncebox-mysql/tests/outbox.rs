@@ -220,7 +220,7 @@ async fn migrations_have_their_own_table() {
             .fetch_all(db.store.pool())
             .await
             .unwrap();
-    assert_eq!(applied, [(1, true), (2, true)]);
+    assert_eq!(applied, [(1, true), (2, true), (3, true)]);
     let sqlx_table: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.tables
          WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",

@@ -558,7 +558,7 @@ async fn migrations_are_idempotent_and_kept_apart() {
         .fetch_one(db.store.pool())
         .await
         .unwrap();
-    assert_eq!(applied, 2);
+    assert_eq!(applied, 3);
     let (theirs,): (i64,) =
         sqlx::query_as("SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'")
             .fetch_one(db.store.pool())
