@@ -44,15 +44,14 @@ pub async fn consumer_settles_by_fault<H: TransportHarness>(harness: &H) -> Resu
         .collect();
     check.publish(&messages).await?;
 
+    // The outage is held for well under the ack timeout, so that the broker does not
+    // hand the held delivery to another lane meanwhile (it may: a consumer's dedup
+    // absorbs such copies, which this scripted one has none of).
+    let step = (check.ack_timeout() / 16).min(Duration::from_millis(20));
     let scripted = Scripted {
         options: ConsumerOptions::new(group)
             .max_attempts(MAX_ATTEMPTS)
-            .backoff(
-                Backoff::new()
-                    .initial(Duration::from_millis(20))
-                    .max(Duration::from_millis(80))
-                    .jitter(0.0),
-            ),
+            .backoff(Backoff::new().initial(step).max(step * 2).jitter(0.0)),
         seen: Mutex::default(),
     };
     let log = Arc::new(Log::default());
@@ -99,10 +98,10 @@ pub async fn consumer_settles_by_fault<H: TransportHarness>(harness: &H) -> Resu
             );
         }
     }
-    assert_eq!(
-        of("outage"),
-        vec![Outcome::Handled],
-        "[{name}] an outage of the store must hold the delivery, not nack it"
+    let outage = of("outage");
+    assert!(
+        !outage.is_empty() && outage.iter().all(|o| *o == Outcome::Handled),
+        "[{name}] an outage of the store must hold the delivery, not nack it: {outage:?}"
     );
     assert_eq!(
         of("ok"),
