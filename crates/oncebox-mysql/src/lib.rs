@@ -21,7 +21,7 @@
 //! ```no_run
 //! use oncebox_core::Message;
 //! use oncebox_core::memory::MemoryBroker;
-//! use oncebox_core::spool::{Spool, SpoolOptions};
+//! use oncebox_core::spool::{Relay, SpoolOptions};
 //! use oncebox_mysql::MySqlStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]

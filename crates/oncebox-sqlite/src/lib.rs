@@ -23,7 +23,7 @@
 //! ```
 //! use oncebox_core::Message;
 //! use oncebox_core::memory::MemoryBroker;
-//! use oncebox_core::spool::{Spool, SpoolOptions};
+//! use oncebox_core::spool::{Relay, SpoolOptions};
 //! use oncebox_sqlite::SqliteStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
