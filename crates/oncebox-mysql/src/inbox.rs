@@ -38,11 +38,19 @@ const INSERT_RESULT: &str = concat!(
     ")"
 );
 
-/// `?` age ms, `?` limit.
+/// `?` consumer, `?` age ms, `?` limit: the consumer's oldest records, read in order on
+/// `oncebox_inbox_consumer_processed` up to the limit, then deleted by key. The index is
+/// forced: given a single-table `DELETE ... ORDER BY processed_at LIMIT ?`, MariaDB
+/// reads all of the consumer's records by the primary key and sorts them.
 const PURGE: &str = concat!(
-    "DELETE FROM oncebox_inbox WHERE consumer = ? AND processed_at < ",
+    "DELETE i FROM oncebox_inbox AS i JOIN (
+  SELECT consumer, message_id FROM oncebox_inbox FORCE INDEX (oncebox_inbox_consumer_processed)
+  WHERE consumer = ? AND processed_at < ",
     now_ms!(),
-    " - ? ORDER BY processed_at LIMIT ?"
+    " - ?
+  ORDER BY processed_at
+  LIMIT ?) AS old
+ON i.consumer = old.consumer AND i.message_id = old.message_id"
 );
 
 /// The transactional inbox: records of the ids each consumer processed, written in the

@@ -112,3 +112,53 @@ async fn long_values_are_refused_not_cut() {
         .unwrap();
     assert_eq!(stored, 0, "nothing was written");
 }
+
+/// The inbox's purge reads about as many index entries as it deletes, however many old
+/// records the consumer has: it walks `(consumer, processed_at)` in order and stops at
+/// the limit (the server counts the rows its handlers read, per session).
+#[tokio::test(flavor = "multi_thread")]
+async fn inbox_purge_reads_what_it_deletes() {
+    // One connection: the purge and the counters share its session.
+    let db = TestDb::with_connections(1).await;
+    db.exec(
+        "INSERT INTO oncebox_inbox (consumer, message_id, processed_at)
+         SELECT c.consumer, CONCAT('id-', a.d, b.d, e.d, f.d), 1000 + a.d * 1000 + b.d * 100
+         FROM (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7
+               UNION ALL SELECT 8 UNION ALL SELECT 9) AS a
+         CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7
+               UNION ALL SELECT 8 UNION ALL SELECT 9) AS b
+         CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7
+               UNION ALL SELECT 8 UNION ALL SELECT 9) AS e
+         CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7
+               UNION ALL SELECT 8 UNION ALL SELECT 9) AS f
+         CROSS JOIN (SELECT 'billing' AS consumer UNION ALL SELECT 'shipping') AS c;
+         ANALYZE TABLE oncebox_inbox",
+    )
+    .await;
+    let inbox = db.store.inbox();
+    let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+    db.exec("FLUSH STATUS").await;
+    assert_eq!(inbox.purge("billing", later, 100).await.unwrap(), 100);
+    let read: Vec<(String, String)> = sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
+        .fetch_all(db.store.pool())
+        .await
+        .unwrap();
+    let rows: u64 = read
+        .iter()
+        .filter(|(name, _)| name != "Handler_read_rnd_deleted")
+        .map(|(_, value)| value.parse::<u64>().unwrap_or(0))
+        .sum();
+    assert!(
+        rows < 1_000,
+        "a purge of 100 of 10,000 old records read {rows} rows: {read:?}"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM oncebox_inbox")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 20_000 - 100);
+}
