@@ -25,7 +25,9 @@ use tokio::time::{Instant, timeout};
 
 use common::{ACK_TIMEOUT, KafkaHarness};
 
-const PATIENCE: Duration = Duration::from_secs(10);
+/// Long enough for a consumer to rejoin its group after a broker outage on a loaded
+/// host (the session timeout of the outage test is 6 s).
+const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The next delivery within `PATIENCE`, retrying transient errors.
 async fn receive(subscriber: &mut KafkaSubscriber) -> KafkaDelivery {
