@@ -1,35 +1,85 @@
 //! The `oncebox` command.
 //!
-//! `oncebox demo` runs an order → payment system on the embedded default (SQLite and the
-//! in-process broker) under injected crashes, duplicates, delays and a broker outage,
-//! and ends with an audit of every order's charges.
+//! - `oncebox relay` publishes an outbox table to a broker, and `oncebox receive` stores
+//!   a broker's messages in a durable inbox table: long-running services for any store
+//!   and broker in the build, with `/metrics`, `/healthz` and `/readyz`, stopped
+//!   gracefully by SIGTERM or SIGINT.
+//! - `oncebox migrate`, `outbox`, `dead-letters` and `inbox` look after the tables.
+//! - `oncebox config check` prints the configuration they run on, secrets hidden.
+//! - `oncebox demo` runs an order → payment system on the embedded default (SQLite and
+//!   the in-process broker) under injected faults and audits every order's charges.
+//! - `oncebox bench` measures the engines against baselines doing the same work without
+//!   them.
 //!
-//! `oncebox bench` measures the engines against baselines doing the same work without
-//! them (`relay`, `latency`, `consumer`, `http`, `dedup`).
+//! Exit status: 0 on success, 1 when the work failed, 2 when the configuration cannot
+//! work (a bad key, an unreachable store or broker, an unusable listen address), with
+//! one line on stderr naming the key or the cause.
 
+mod admin;
 mod bench;
+mod config;
 mod demo;
+mod service;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::LazyLock;
 
 use clap::{Parser, Subcommand};
 
+use config::{Config, ConfigError, Overrides};
+
+/// `--version`: the version, then the stores and brokers in this build.
+static VERSION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        service::backend::compiled_in()
+    )
+});
+
 /// Effectively-once messaging: transactional outbox, inbox and idempotent receiver.
 #[derive(Debug, Parser)]
-#[command(name = "oncebox", version, about)]
+#[command(name = "oncebox", version = VERSION.as_str(), about)]
 struct Cli {
+    #[command(flatten)]
+    overrides: Overrides,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Publish the outbox table to the broker until stopped (SIGTERM or SIGINT).
+    Relay,
+    /// Store the broker's messages in the durable inbox table, each once, until stopped.
+    Receive(service::ReceiveArgs),
+    /// Create or upgrade oncebox's tables (or print their SQL).
+    Migrate(admin::MigrateArgs),
+    /// The configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// The outbox: counts and rows.
+    #[command(subcommand)]
+    Outbox(admin::OutboxCommand),
+    /// The outbox's dead letters: list, replay, purge.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(admin::DeadLetterCommand),
+    /// The inbox tables.
+    #[command(subcommand)]
+    Inbox(admin::InboxCommand),
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
     /// Benchmark the relay, its latency, the inbox, the HTTP layer and the dedup stores
     /// against baselines without them.
     Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Check the merged configuration (defaults < file < environment < flags) and print
+    /// it as TOML, secrets hidden.
+    Check,
 }
 
 /// Flags of `oncebox demo`.
@@ -49,12 +99,46 @@ struct DemoArgs {
     json: bool,
 }
 
+/// How a command ended badly: the configuration (status 2) or the work (status 1).
+#[derive(Debug)]
+enum Failure {
+    Config(ConfigError),
+    Work(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(error: ConfigError) -> Self {
+        Self::Config(error)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        // A configuration error raised deep in a command keeps its status.
+        match error.downcast::<ConfigError>() {
+            Ok(config) => Self::Config(config),
+            Err(error) => Self::Work(error),
+        }
+    }
+}
+
+impl From<oncebox::Error> for Failure {
+    fn from(error: oncebox::Error) -> Self {
+        Self::Work(error.into())
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                // The services report what they do; the one-shot commands only errors.
+                match cli.command {
+                    Command::Relay | Command::Receive(_) => "info".into(),
+                    _ => "error".into(),
+                }
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -68,25 +152,47 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Demo(args) => {
-                let config = demo::DemoConfig {
-                    orders: args.orders,
-                    seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
-                    db: args.db,
-                    json: args.json,
-                };
-                demo::run(config).await
-            }
-            Command::Bench(args) => bench::run(args).await,
-        }
-    });
-    match result {
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(error) => {
+        Err(Failure::Config(error)) => {
+            eprintln!("oncebox: configuration: {error}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Work(error)) => {
             eprintln!("oncebox: {error:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    // The demo and the benchmarks take their own flags, not the service configuration.
+    let command = match cli.command {
+        Command::Demo(args) => {
+            let config = demo::DemoConfig {
+                orders: args.orders,
+                seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
+                db: args.db,
+                json: args.json,
+            };
+            return Ok(demo::run(config).await?);
+        }
+        Command::Bench(args) => return Ok(bench::run(args).await?),
+        command => command,
+    };
+    let config = Config::load(&cli.overrides)?;
+    let code = match command {
+        Command::Relay => service::relay(&config).await?,
+        Command::Receive(args) => service::receive(&config, &args).await?,
+        Command::Migrate(args) => admin::migrate(&config, &args).await?,
+        Command::Config(ConfigCommand::Check) => {
+            print!("{}", config.to_toml());
+            ExitCode::SUCCESS
+        }
+        Command::Outbox(command) => admin::outbox(&config, command).await?,
+        Command::DeadLetters(command) => admin::dead_letters(&config, command).await?,
+        Command::Inbox(command) => admin::inbox(&config, command).await?,
+        Command::Demo(_) | Command::Bench(_) => unreachable!("handled above"),
+    };
+    Ok(code)
 }

@@ -94,3 +94,11 @@ pub trait Delivery: Send + 'static {
     /// A transport error if the broker did not take it; the message is then redelivered.
     fn dead_letter(self, reason: &str) -> impl Future<Output = Result<()>> + Send;
 }
+
+/// A shared publisher publishes as the one it shares: several relays of one process
+/// can use one broker connection.
+impl<P: Publisher> Publisher for std::sync::Arc<P> {
+    fn publish(&self, message: &Message) -> impl Future<Output = Result<()>> + Send {
+        (**self).publish(message)
+    }
+}

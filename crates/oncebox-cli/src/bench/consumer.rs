@@ -63,7 +63,7 @@ pub(crate) async fn run<B: Backend>(
                     };
                     consume(plain, side, round, args).await?
                 }
-                Side::Engine => {
+                Side::Engine | Side::Metered => {
                     let inbox = TransactionalInbox::new(
                         Timed::new(backend.inbox(), &probe),
                         Timed::new(backend.effect(), &probe),

@@ -15,6 +15,8 @@ pub(crate) enum Side {
     Baseline,
     /// The engine.
     Engine,
+    /// The engine with a Prometheus recorder receiving its metrics (`bench relay`).
+    Metered,
 }
 
 impl Side {
@@ -23,6 +25,7 @@ impl Side {
         match self {
             Self::Baseline => "baseline",
             Self::Engine => "engine",
+            Self::Metered => "metered",
         }
     }
 }
@@ -76,17 +79,19 @@ pub(crate) struct Comparison {
     pub(crate) ratio: f64,
 }
 
+/// The best throughput of `side`'s runs in `runs` (0 if it never ran).
+pub(crate) fn best(runs: &[Run], side: Side) -> f64 {
+    runs.iter()
+        .filter(|run| run.side == side)
+        .map(|run| run.msgs_per_s)
+        .fold(0.0, f64::max)
+}
+
 impl Comparison {
     /// Compares the best run of each side in `runs`.
     pub(crate) fn best_of(runs: &[Run]) -> Self {
-        let best = |side: Side| {
-            runs.iter()
-                .filter(|run| run.side == side)
-                .map(|run| run.msgs_per_s)
-                .fold(0.0, f64::max)
-        };
-        let engine = best(Side::Engine);
-        let baseline = best(Side::Baseline);
+        let engine = best(runs, Side::Engine);
+        let baseline = best(runs, Side::Baseline);
         let ratio = if baseline > 0.0 {
             engine / baseline
         } else {

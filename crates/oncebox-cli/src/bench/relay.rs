@@ -11,17 +11,21 @@
 //! - **engine**: the [`Relay`] with the same batch size, `Relay::drain`: rounds until a
 //!   claim comes back empty (per-key grouping, leases, concurrent dispatch, settle, each
 //!   batch settled together with the next claim as the relay's loop does).
+//! - **metered**: the engine again, its metrics going to a Prometheus recorder (the one
+//!   `oncebox relay` serves) instead of the facade's no-op default; `metrics_ratio` is
+//!   metered / engine, the cost of the metrics.
 //!
 //! Both end on the claim that finds the table empty. Filling is not timed.
 
 use std::time::Instant;
 
 use anyhow::Context as _;
+use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox::spool::{Relay, SpoolOptions};
 
 use super::RelayArgs;
 use super::backend::Backend;
-use super::measure::{Comparison, Run, Side};
+use super::measure::{Comparison, Run, Side, best};
 use super::probe::{Probe, Timed};
 use super::report::RelayReport;
 use super::transport::BenchTransport;
@@ -35,7 +39,7 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
     let progress = !args.common.json;
     let mut runs = Vec::new();
     for round in 1..=args.rounds {
-        for side in [Side::Baseline, Side::Engine] {
+        for side in [Side::Baseline, Side::Engine, Side::Metered] {
             backend.reset_outbox().await?;
             transport.reset().await.context("preparing the broker")?;
             backend
@@ -44,7 +48,8 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
                 .context("filling the outbox")?;
             let run = match side {
                 Side::Baseline => baseline(backend, &*transport, args, round).await?,
-                Side::Engine => engine(backend, &*transport, args, round).await?,
+                Side::Engine => engine(backend, &*transport, args, round, false).await?,
+                Side::Metered => engine(backend, &*transport, args, round, true).await?,
             };
             if progress {
                 eprintln!(
@@ -58,7 +63,8 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
         }
     }
     backend.reset_outbox().await?;
-    let best = Comparison::best_of(&runs);
+    let comparison = Comparison::best_of(&runs);
+    let metered = best(&runs, Side::Metered);
     Ok(RelayReport {
         bench: "relay",
         store: args.common.store,
@@ -66,9 +72,15 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
         messages: args.messages,
         batch: args.batch,
         keys: args.keys,
-        msgs_per_s: best.engine,
-        baseline_msgs_per_s: best.baseline,
-        ratio: best.ratio,
+        msgs_per_s: comparison.engine,
+        baseline_msgs_per_s: comparison.baseline,
+        ratio: comparison.ratio,
+        metered_msgs_per_s: metered,
+        metrics_ratio: if comparison.engine > 0.0 {
+            metered / comparison.engine
+        } else {
+            0.0
+        },
         runs,
     })
 }
@@ -98,19 +110,28 @@ async fn baseline<B: Backend, T: BenchTransport>(
 }
 
 /// The engine: `Relay::drain`, rounds until a claim finds nothing (each batch settled
-/// with the next claim, as the relay's loop does between full batches).
+/// with the next claim, as the relay's loop does between full batches). `metered`: its
+/// metrics go to a Prometheus recorder of its own (the relay registers its metrics when
+/// it is built, so the recorder in place then receives them).
 async fn engine<B: Backend, T: BenchTransport>(
     backend: &B,
     transport: &T,
     args: &RelayArgs,
     round: u32,
+    metered: bool,
 ) -> anyhow::Result<Run> {
     let options = SpoolOptions::new()
         .name("bench-relay")
         .batch_size(args.batch as usize);
     let probe = Probe::new();
     let outbox = Timed::new(backend.outbox(false), &probe);
-    let relay = Relay::new(outbox, transport.publisher().await?, options)?;
+    let publisher = transport.publisher().await?;
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let relay = if metered {
+        metrics::with_local_recorder(&recorder, || Relay::new(outbox, publisher, options))?
+    } else {
+        Relay::new(outbox, publisher, options)?
+    };
     let started = Instant::now();
     let report = relay.drain().await?;
     anyhow::ensure!(
@@ -120,7 +141,16 @@ async fn engine<B: Backend, T: BenchTransport>(
     let done = report.done as u64;
     let elapsed = started.elapsed();
     check_published(transport, done, args.messages).await?;
-    Ok(Run::new(Side::Engine, round, done, elapsed).with_steps(probe.steps()))
+    let side = if metered { Side::Metered } else { Side::Engine };
+    if metered {
+        // The recorder did receive the run's metrics.
+        let rendered = recorder.handle().render();
+        anyhow::ensure!(
+            rendered.contains("oncebox_spool_rows_total"),
+            "the Prometheus recorder received no relay metrics"
+        );
+    }
+    Ok(Run::new(side, round, done, elapsed).with_steps(probe.steps()))
 }
 
 async fn check_published<T: BenchTransport>(

@@ -38,6 +38,10 @@ pub(crate) struct RelayReport {
     pub(crate) baseline_msgs_per_s: f64,
     /// `msgs_per_s / baseline_msgs_per_s`.
     pub(crate) ratio: f64,
+    /// Best run of the engine with a Prometheus recorder.
+    pub(crate) metered_msgs_per_s: f64,
+    /// `metered_msgs_per_s / msgs_per_s`: the share of throughput kept with metrics on.
+    pub(crate) metrics_ratio: f64,
     /// Every run, in the order they ran.
     pub(crate) runs: Vec<Run>,
 }
@@ -113,6 +117,10 @@ impl Report {
                 );
                 print_runs(&r.runs);
                 print_comparison(r.msgs_per_s, r.baseline_msgs_per_s, r.ratio);
+                println!(
+                    "  metrics: metered {:.0} msg/s · engine {:.0} msg/s · ratio {:.3}",
+                    r.metered_msgs_per_s, r.msgs_per_s, r.metrics_ratio
+                );
             }
             Self::Latency(r) => {
                 println!(

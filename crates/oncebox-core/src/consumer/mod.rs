@@ -12,6 +12,7 @@ mod durable;
 mod handler;
 mod id;
 mod lease;
+mod metrics;
 mod options;
 mod process;
 mod receiver;

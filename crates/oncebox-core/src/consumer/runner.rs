@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::metrics::ConsumerMetrics;
 use super::process::{OnFailure, on_failure, unwind_as_error};
 use super::{Outcome, Process};
 use crate::{Delivery, Error, Received, Result, Subscriber};
@@ -94,6 +95,7 @@ where
             let (tx, rx) = mpsc::channel::<Sub::Delivery>(64);
             senders.push(tx);
             let lane = Lane {
+                metrics: ConsumerMetrics::new(&self.processor.options().consumer),
                 processor: Arc::clone(&self.processor),
                 observer: self.observer.clone(),
                 stopped: stopped.clone(),
@@ -151,6 +153,7 @@ where
 /// One lane: processes its deliveries one at a time and settles each.
 struct Lane<P> {
     processor: Arc<P>,
+    metrics: ConsumerMetrics,
     observer: Option<Observer>,
     stopped: watch::Receiver<bool>,
 }
@@ -160,7 +163,13 @@ impl<P: Process> Lane<P> {
         while let Some(delivery) = deliveries.recv().await {
             // Settling consumes the delivery: keep a copy only for an observer.
             let received = self.observer.as_ref().map(|_| delivery.received().clone());
-            match settle(&*self.processor, delivery, Some(&mut self.stopped)).await {
+            let settled = settle(
+                &*self.processor,
+                delivery,
+                Some(&mut self.stopped),
+                &self.metrics,
+            );
+            match settled.await {
                 Ok(Some(outcome)) => {
                     if let (Some(observe), Some(received)) = (&self.observer, &received) {
                         observe(received, &outcome);
@@ -194,7 +203,8 @@ pub async fn process_delivery<P: Process, D: Delivery>(
     processor: &P,
     delivery: D,
 ) -> Result<Outcome> {
-    match settle(processor, delivery, None).await? {
+    let metrics = ConsumerMetrics::new(&processor.options().consumer);
+    match settle(processor, delivery, None, &metrics).await? {
         Some(outcome) => Ok(outcome),
         None => unreachable!("only a stop signal leaves a delivery unsettled"),
     }
@@ -206,18 +216,25 @@ async fn settle<P: Process, D: Delivery>(
     processor: &P,
     delivery: D,
     mut stopped: Option<&mut watch::Receiver<bool>>,
+    metrics: &ConsumerMetrics,
 ) -> Result<Option<Outcome>> {
     let options = processor.options();
     let attempts = delivery.received().delivery_count.max(1);
     let mut outages = 0;
     loop {
-        let error = match unwind_as_error(processor.process(delivery.received())).await {
+        let started = tokio::time::Instant::now();
+        let processed = unwind_as_error(processor.process(delivery.received())).await;
+        let took = started.elapsed();
+        let error = match processed {
             Ok(Outcome::InProgress { retry_after }) => {
                 delivery.nack(retry_after).await?;
-                return Ok(Some(Outcome::InProgress { retry_after }));
+                let outcome = Outcome::InProgress { retry_after };
+                metrics.settled(&outcome, took);
+                return Ok(Some(outcome));
             }
             Ok(outcome) => {
                 delivery.ack().await?;
+                metrics.settled(&outcome, took);
                 return Ok(Some(outcome));
             }
             Err(error) => error,
@@ -226,14 +243,16 @@ async fn settle<P: Process, D: Delivery>(
             OnFailure::Retry { delay } => {
                 tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
                 delivery.nack(delay).await?;
-                return Ok(Some(Outcome::Retrying { delay }));
+                let outcome = Outcome::Retrying { delay };
+                metrics.settled(&outcome, took);
+                return Ok(Some(outcome));
             }
             OnFailure::DeadLetter { reason } => {
                 tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
-                metrics::counter!("oncebox_consumer_dead_letters_total", "consumer" => options.consumer.clone())
-                    .increment(1);
                 delivery.dead_letter(&reason).await?;
-                return Ok(Some(Outcome::DeadLettered { reason }));
+                let outcome = Outcome::DeadLettered { reason };
+                metrics.settled(&outcome, took);
+                return Ok(Some(outcome));
             }
             OnFailure::Hold { delay } => {
                 outages += 1;

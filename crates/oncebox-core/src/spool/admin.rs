@@ -1,10 +1,11 @@
 //! What operators ask of an outbox, whatever its database: counts, dead letters, the
-//! state of one row. Each backend's outbox returns these types from its `stats`,
-//! `dead_letters` and `status` methods.
+//! state of one row, replay and purge ([`OutboxAdmin`], which each backend's outbox
+//! implements).
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use crate::{Message, MessageId};
+use crate::{Message, MessageId, Result};
 
 /// Counts of outbox rows by status, and how long the oldest pending message has waited.
 ///
@@ -74,4 +75,206 @@ pub struct RowState {
     pub leased_until: Option<SystemTime>,
     /// When the row was published or given up.
     pub settled_at: Option<SystemTime>,
+}
+
+/// What waits in a spool table: the figures behind the backlog metrics.
+///
+/// New fields may be added before 1.0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Backlog {
+    /// Rows waiting (including rows being retried and rows leased right now).
+    pub pending: u64,
+    /// Rows given up on.
+    pub dead: u64,
+    /// Age of the first pending row in commit order; `None` when nothing is pending.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+impl From<OutboxStats> for Backlog {
+    fn from(stats: OutboxStats) -> Self {
+        Self {
+            pending: stats.pending,
+            dead: stats.dead,
+            oldest_pending_age: stats.oldest_pending_age,
+        }
+    }
+}
+
+/// One outbox row: where it stands, and the message it holds.
+///
+/// New fields may be added before 1.0.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Status, attempts, last error, lease and times.
+    pub state: RowState,
+    /// The message as enqueued.
+    pub message: Message,
+}
+
+/// Which dead letters an operation applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetterSelection {
+    /// The dead letter of this message.
+    One(MessageId),
+    /// Every dead letter on this topic.
+    Topic(String),
+    /// Every dead letter.
+    All,
+}
+
+impl DeadLetterSelection {
+    /// Whether `letter` is selected.
+    pub fn selects(&self, letter: &DeadLetter) -> bool {
+        match self {
+            Self::One(id) => letter.id == *id,
+            Self::Topic(topic) => letter.message.topic == *topic,
+            Self::All => true,
+        }
+    }
+}
+
+/// What operators do with an outbox, whatever its database: the part of `oncebox
+/// outbox …`, `oncebox dead-letters …` and the dashboard that does not depend on the
+/// backend, which each backend's outbox implements once.
+///
+/// Selections of many dead letters go through [`replay_dead_letters`] and
+/// [`purge_dead_letters`], which page through [`dead_letters`](Self::dead_letters) and
+/// apply the one-row operations: each row keeps the guarantees of its one-row call
+/// (a replayed row keeps its place in its key's order).
+pub trait OutboxAdmin: Send + Sync {
+    /// Counts by status and the oldest pending age.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats>> + Send;
+
+    /// The row of message `id` and its message, or `None` if there is none (never
+    /// enqueued, or purged).
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one if the row holds values oncebox did not write.
+    fn row(&self, id: MessageId) -> impl Future<Output = Result<Option<OutboxRow>>> + Send;
+
+    /// Up to `limit` dead letters after position `after` (a [`DeadLetter::seq`]; `None`
+    /// for the first page), in commit order.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one if a dead row cannot be decoded.
+    fn dead_letters(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>>> + Send;
+
+    /// Puts the dead message `id` back in line (pending, due now, attempts reset, the
+    /// last error kept, its place in commit order kept); whether it was dead.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn replay_dead(&self, id: MessageId) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Deletes the dead message `id`; whether it was dead. Pending and published rows
+    /// are never touched.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn purge_dead(&self, id: MessageId) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// Dead letters read per page by the selection operations.
+const PAGE: usize = 500;
+
+/// The dead letters `selection` names, in commit order, at most `limit`.
+///
+/// # Errors
+///
+/// A store error.
+pub async fn select_dead_letters<A: OutboxAdmin + ?Sized>(
+    admin: &A,
+    selection: &DeadLetterSelection,
+    limit: usize,
+) -> Result<Vec<DeadLetter>> {
+    let mut selected = Vec::new();
+    let mut after = None;
+    while selected.len() < limit {
+        let page = admin.dead_letters(after, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        let full = page.len() == PAGE;
+        selected.extend(page.into_iter().filter(|letter| selection.selects(letter)));
+        if !full {
+            break;
+        }
+    }
+    selected.truncate(limit);
+    Ok(selected)
+}
+
+/// Replays every dead letter `selection` names (see [`OutboxAdmin::replay_dead`]);
+/// returns the ids replayed, in commit order.
+///
+/// # Errors
+///
+/// A store error; the rows replayed before it stay replayed.
+pub async fn replay_dead_letters<A: OutboxAdmin + ?Sized>(
+    admin: &A,
+    selection: &DeadLetterSelection,
+) -> Result<Vec<MessageId>> {
+    apply(admin, selection, |id| admin.replay_dead(id)).await
+}
+
+/// Deletes every dead letter `selection` names (see [`OutboxAdmin::purge_dead`]);
+/// returns the ids deleted, in commit order.
+///
+/// # Errors
+///
+/// A store error; the rows deleted before it stay deleted.
+pub async fn purge_dead_letters<A: OutboxAdmin + ?Sized>(
+    admin: &A,
+    selection: &DeadLetterSelection,
+) -> Result<Vec<MessageId>> {
+    apply(admin, selection, |id| admin.purge_dead(id)).await
+}
+
+async fn apply<A, F, Fut>(
+    admin: &A,
+    selection: &DeadLetterSelection,
+    op: F,
+) -> Result<Vec<MessageId>>
+where
+    A: OutboxAdmin + ?Sized,
+    F: Fn(MessageId) -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    if let DeadLetterSelection::One(id) = selection {
+        return Ok(if op(*id).await? {
+            vec![*id]
+        } else {
+            Vec::new()
+        });
+    }
+    let mut done = Vec::new();
+    let mut after = None;
+    loop {
+        // Rows an operation took out of the dead letters are not seen again: paging
+        // goes on after the last row read.
+        let page = admin.dead_letters(after, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        let full = page.len() == PAGE;
+        for letter in page.iter().filter(|letter| selection.selects(letter)) {
+            if op(letter.id).await? {
+                done.push(letter.id);
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(done)
 }

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
@@ -13,8 +12,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::lease::Lease;
+use super::metrics::SpoolMetrics;
 use super::{
-    ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
+    Backlog, ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
     SpoolStore,
 };
 use crate::{Error, Fault, Result};
@@ -43,10 +43,29 @@ pub struct Spool<S: SpoolStore, K> {
     sink: K,
     options: SpoolOptions,
     on_dead: Option<DeadLetterHook<S::Item>>,
+    metrics: SpoolMetrics,
+    health: std::sync::Mutex<SpoolHealth>,
+}
+
+/// How a running spool fares, for readiness checks: read with [`Spool::health`].
+///
+/// New fields may be added before 1.0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpoolHealth {
+    /// When the last claim succeeded; `None` before the first.
+    pub last_claim: Option<Instant>,
+    /// The error of the last claim, if it failed (cleared by the next success).
+    pub claim_error: Option<String>,
+    /// The error that made the last delivered batch find its sink unreachable, if it
+    /// did (cleared by the next batch that reached it).
+    pub sink_outage: Option<String>,
 }
 
 impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// A spool delivering `store`'s rows into `sink`.
+    ///
+    /// Its metrics (see the `oncebox` crate docs, "Metrics") go to the recorder
+    /// installed when it is built.
     ///
     /// # Errors
     ///
@@ -54,6 +73,8 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     pub fn new(store: S, sink: K, options: SpoolOptions) -> Result<Self> {
         options.validate()?;
         Ok(Self {
+            metrics: SpoolMetrics::new(&options.name),
+            health: std::sync::Mutex::default(),
             store,
             sink,
             options,
@@ -76,6 +97,24 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// The options.
     pub fn options(&self) -> &SpoolOptions {
         &self.options
+    }
+
+    /// How the loop of [`run_until`](Self::run_until) fares: its last claim, and whether
+    /// the sink was reachable.
+    pub fn health(&self) -> SpoolHealth {
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn update_health(&self, update: impl FnOnce(&mut SpoolHealth)) {
+        update(
+            &mut self
+                .health
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
     }
 
     /// Runs one claim → dispatch → settle round.
@@ -185,7 +224,9 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             claimed_at,
         };
         let Some(pending) = pending else {
-            return Ok(batch(self.store.claim(&request).await?));
+            let rows = self.store.claim(&request).await?;
+            self.metrics.claimed(claimed_at.elapsed());
+            return Ok(batch(rows));
         };
         match self
             .store
@@ -193,6 +234,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             .await
         {
             Ok(rows) => {
+                self.metrics.claimed(claimed_at.elapsed());
                 self.record_metrics(&pending.report);
                 Ok(batch(rows))
             }
@@ -217,7 +259,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             ..BatchReport::default()
         };
         let lease = Lease::new();
-        let outage = AtomicBool::new(false);
+        let outage = std::sync::Mutex::new(None);
         let seqs: Vec<i64> = batch.rows.iter().map(|row| row.seq).collect();
         let delivery = stream::iter(group_by_key(batch.rows))
             .map(|rows| self.dispatch_key(rows, &lease, &outage))
@@ -252,7 +294,9 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             token: batch.token,
             settlements,
             report,
-            outage: outage.into_inner(),
+            outage: outage
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
         }
     }
 
@@ -272,7 +316,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         &self,
         rows: Vec<Claimed<S::Item>>,
         lease: &Lease,
-        outage: &AtomicBool,
+        outage: &std::sync::Mutex<Option<String>>,
     ) -> Vec<Settlement> {
         let mut settlements = Vec::with_capacity(rows.len());
         let mut blocked = false;
@@ -292,8 +336,14 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         settlements
     }
 
-    async fn deliver(&self, row: &Claimed<S::Item>, lease: &Lease, outage: &AtomicBool) -> Settle {
+    async fn deliver(
+        &self,
+        row: &Claimed<S::Item>,
+        lease: &Lease,
+        outage: &std::sync::Mutex<Option<String>>,
+    ) -> Settle {
         let timeout = self.options.dispatch_timeout;
+        let started = Instant::now();
         let delivery = tokio::time::timeout(timeout, self.sink.deliver(row));
         let result = tokio::select! {
             result = delivery => match result {
@@ -305,8 +355,11 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             () = lease.lost() => return Settle::Release,
         };
         let Err(error) = result else {
+            self.metrics
+                .delivered(started.elapsed(), row.item.created_at());
             return Settle::Done;
         };
+        self.metrics.delivered(started.elapsed(), None);
         let attempts = row.attempts.saturating_add(1);
         if error.fault() == Fault::Outage {
             // No fault of the row: hand it back without counting an attempt, and make
@@ -315,7 +368,9 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 spool = %self.options.name, item = %row.item.describe(), %error,
                 "the sink is unreachable; handed back"
             );
-            outage.store(true, Ordering::Relaxed);
+            *outage
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error.to_string());
             return Settle::Release;
         }
         if error.is_transient() && attempts < self.options.max_attempts {
@@ -345,18 +400,20 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     }
 
     fn record_metrics(&self, report: &BatchReport) {
-        let name = self.options.name.clone();
-        for (outcome, count) in [
-            ("done", report.done),
-            ("retried", report.retried),
-            ("released", report.released),
-            ("dead", report.dead),
-        ] {
-            if count > 0 {
-                metrics::counter!("oncebox_spool_rows_total", "spool" => name.clone(), "outcome" => outcome)
-                    .increment(count as u64);
-            }
+        self.metrics.settled(report);
+    }
+
+    /// Reads the store's backlog into the metrics; whether the store tells it.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    pub async fn sample_backlog(&self) -> Result<Option<Backlog>> {
+        let backlog = self.store.backlog().await?;
+        if let Some(backlog) = &backlog {
+            self.metrics.backlog(backlog);
         }
+        Ok(backlog)
     }
 
     /// Deletes done rows older than the retention, in batches of `cleanup_batch`, until
@@ -404,7 +461,14 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             stop.send_replace(true);
             ended
         };
-        let work = async { tokio::join!(claims, self.cleanup_loop(stop.subscribe())).0 };
+        let work = async {
+            tokio::join!(
+                claims,
+                self.cleanup_loop(stop.subscribe()),
+                self.backlog_loop(stop.subscribe())
+            )
+            .0
+        };
         let mut work = std::pin::pin!(work);
         tokio::select! {
             ended = &mut work => ended,
@@ -429,6 +493,13 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 Some(batch) => Ok(batch),
                 None => self.claim_after(pending.take()).await,
             };
+            self.update_health(|health| match &claimed {
+                Ok(_) => {
+                    health.last_claim = Some(Instant::now());
+                    health.claim_error = None;
+                }
+                Err(error) => health.claim_error = Some(error.to_string()),
+            });
             match claimed {
                 Ok(batch) if batch.rows.is_empty() => {
                     idle = (idle * 2).min(self.options.max_poll);
@@ -448,7 +519,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                             tracing::warn!(spool = %self.options.name, %error, "claiming ahead failed");
                         }
                     }
-                    if delivered.outage {
+                    let outage = delivered.outage.clone();
+                    let reached = outage.is_none();
+                    self.update_health(|health| health.sink_outage = outage);
+                    if !reached {
                         // The sink is unreachable: settle, hand back what was claimed
                         // ahead, and wait before claiming again.
                         outages = outages.saturating_add(1);
@@ -517,6 +591,25 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         }
     }
 
+    /// Samples the backlog every `stats_interval`, from the start, until stopped or the
+    /// store says it does not tell.
+    async fn backlog_loop(&self, mut stopped: watch::Receiver<bool>) {
+        loop {
+            match self.sample_backlog().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(error) => {
+                    self.metrics.backlog_failed();
+                    tracing::debug!(spool = %self.options.name, %error, "reading the backlog failed");
+                }
+            }
+            tokio::select! {
+                _ = stopped.changed() => return,
+                () = tokio::time::sleep(self.options.stats_interval) => {}
+            }
+        }
+    }
+
     async fn cleanup_loop(&self, mut stopped: watch::Receiver<bool>) {
         loop {
             tokio::select! {
@@ -559,8 +652,8 @@ struct Delivered {
     token: LeaseToken,
     settlements: Vec<Settlement>,
     report: BatchReport,
-    /// Whether the sink was unreachable for some row (handed back, not counted).
-    outage: bool,
+    /// Why the sink was unreachable for some row (handed back, not counted), if it was.
+    outage: Option<String>,
 }
 
 /// Whether a claim's error ends the spool: the store closed, or an error retrying

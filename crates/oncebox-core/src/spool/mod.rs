@@ -20,13 +20,17 @@
 mod admin;
 mod engine;
 mod lease;
+mod metrics;
 mod options;
 mod relay;
 mod sink;
 mod store;
 
-pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
-pub use engine::{BatchReport, DeadLetterHook, Spool};
+pub use admin::{
+    Backlog, DeadLetter, DeadLetterSelection, OutboxAdmin, OutboxRow, OutboxStats, RowState,
+    RowStatus, purge_dead_letters, replay_dead_letters, select_dead_letters,
+};
+pub use engine::{BatchReport, DeadLetterHook, Spool, SpoolHealth};
 pub use options::{DEFAULT_RETENTION, SpoolOptions};
 pub use relay::Relay;
 pub use sink::{PublishSink, Sink};

@@ -36,6 +36,7 @@ pub struct SpoolOptions {
     pub(crate) retention: Option<Duration>,
     pub(crate) cleanup_interval: Duration,
     pub(crate) cleanup_batch: usize,
+    pub(crate) stats_interval: Duration,
 }
 
 impl SpoolOptions {
@@ -55,6 +56,7 @@ impl SpoolOptions {
             retention: None,
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 1000,
+            stats_interval: Duration::from_secs(5),
         }
     }
 
@@ -147,6 +149,14 @@ impl SpoolOptions {
         self
     }
 
+    /// Time between readings of the table's backlog (pending and dead rows, the oldest
+    /// pending age) for the metrics; each reading is one statement on the indexes of
+    /// pending and dead rows. Default: 5 s.
+    pub fn stats_interval(mut self, interval: Duration) -> Self {
+        self.stats_interval = interval;
+        self
+    }
+
     /// The configured lease.
     pub fn lease_duration(&self) -> Duration {
         self.lease
@@ -178,6 +188,12 @@ impl SpoolOptions {
         }
         if self.dispatch_timeout >= self.lease {
             return invalid("dispatch_timeout must be shorter than the lease");
+        }
+        if self.stats_interval.is_zero() {
+            return invalid("stats_interval must be above zero");
+        }
+        if self.cleanup_interval.is_zero() {
+            return invalid("cleanup_interval must be above zero");
         }
         if self.min_poll.is_zero() || self.min_poll > self.max_poll {
             return invalid("poll interval needs 0 < min <= max");

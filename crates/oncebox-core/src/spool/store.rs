@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
 
+use super::Backlog;
 use crate::{Message, Received, Result};
 
 /// Identifies one claim: the rows it leased and the only settlements they accept.
@@ -82,6 +83,11 @@ pub trait SpoolItem: Send + Sync + 'static {
 
     /// A short description for logs and dead-letter reasons (never the payload).
     fn describe(&self) -> String;
+
+    /// When the item was created, if known: the spool's lag metric measures from it.
+    fn created_at(&self) -> Option<SystemTime> {
+        None
+    }
 }
 
 impl SpoolItem for Message {
@@ -91,6 +97,10 @@ impl SpoolItem for Message {
 
     fn describe(&self) -> String {
         format!("message {} ({} on {})", self.id, self.kind, self.topic)
+    }
+
+    fn created_at(&self) -> Option<SystemTime> {
+        Some(self.created_at)
     }
 }
 
@@ -104,6 +114,10 @@ impl SpoolItem for Received {
             Some(id) => format!("received {id} ({} from {})", self.kind, self.coordinates),
             None => format!("received {} from {}", self.kind, self.coordinates),
         }
+    }
+
+    fn created_at(&self) -> Option<SystemTime> {
+        self.created_at
     }
 }
 
@@ -262,6 +276,22 @@ pub trait SpoolStore: Send + Sync {
     fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
         tokio::time::sleep(timeout)
     }
+
+    /// How many rows wait and how long the oldest has waited, for the backlog metrics
+    /// the spool samples every [`stats_interval`](super::SpoolOptions::stats_interval);
+    /// `None` if the store does not tell (the default). One cheap statement on the
+    /// indexes of pending and dead rows.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the spool logs it and keeps the last reading.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    fn backlog(&self) -> impl Future<Output = Result<Option<Backlog>>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 impl<S: SpoolStore> SpoolStore for std::sync::Arc<S> {
@@ -306,5 +336,9 @@ impl<S: SpoolStore> SpoolStore for std::sync::Arc<S> {
 
     fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
         (**self).wait_for_work(timeout)
+    }
+
+    fn backlog(&self) -> impl Future<Output = Result<Option<Backlog>>> + Send {
+        (**self).backlog()
     }
 }

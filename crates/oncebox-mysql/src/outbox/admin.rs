@@ -13,12 +13,18 @@ use crate::spool::SpoolRow;
 use crate::spool::sql::{DEAD, DONE, PENDING};
 use crate::sql::{NOW_MS, begin_read_committed, query, sql_limit, uuid_bytes};
 
+use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 struct AdminSql {
     stats: String,
-    /// `?` limit.
+    backlog: String,
+    /// `?` after, `?` limit.
     dead_letters: String,
+    /// `?` id.
+    purge_dead: String,
+    /// `?` id: [`status`](Self::status) with the message.
+    row: String,
     /// `?` id → `seq`, `key` of the dead row, locked.
     find_dead: String,
     /// `?` key → the latest live lease of the key's pending rows.
@@ -38,10 +44,28 @@ static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
   (SELECT {NOW_MS} - created_at FROM {TABLE} WHERE status = {PENDING} ORDER BY seq LIMIT 1)
     AS oldest_pending_ms"
     ),
+    backlog: format!(
+        "SELECT
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS pending,
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
+  (SELECT {NOW_MS} - created_at FROM {TABLE} WHERE status = {PENDING} ORDER BY seq LIMIT 1)
+    AS oldest_pending_ms"
+    ),
     dead_letters: format!(
         "SELECT t.seq, t.attempts, t.id, t.topic, t.`key`, t.kind, t.headers, t.payload,
        t.created_at, t.last_error, t.dead_at
-FROM {TABLE} AS t WHERE t.status = {DEAD} ORDER BY t.seq LIMIT ?"
+FROM {TABLE} AS t WHERE t.status = {DEAD} AND t.seq > ? ORDER BY t.seq LIMIT ?"
+    ),
+    purge_dead: format!("DELETE FROM {TABLE} WHERE id = ? AND status = {DEAD}"),
+    row: format!(
+        "SELECT t.seq, t.status, t.attempts, t.last_error, t.available_at, t.done_at, t.dead_at,
+  COALESCE((
+    SELECT MAX(c.lease_until)
+    FROM oncebox_claims AS c
+      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
+    WHERE c.spool = '{TABLE}' AND j.seq = t.seq), 0) AS lease_until,
+  t.id, t.topic, t.`key`, t.kind, t.headers, t.payload, t.created_at
+FROM {TABLE} AS t WHERE t.id = ?"
     ),
     find_dead: format!(
         "SELECT seq, `key` FROM {TABLE} WHERE id = ? AND status = {DEAD} FOR UPDATE"
@@ -114,7 +138,16 @@ impl MySqlOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(None, limit).await
+    }
+
+    async fn dead_letters_after(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
         let rows = query(&SQL.dead_letters)
+            .bind(after.unwrap_or(i64::MIN))
             .bind(sql_limit(limit))
             .fetch_all(self.pool())
             .await
@@ -207,6 +240,67 @@ impl MySqlOutbox {
         };
         let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
         Ok(Some(decode_state(&reader)?))
+    }
+}
+
+impl MySqlOutbox {
+    /// The backlog: [`stats`](Self::stats) without the count of published rows, which
+    /// grows with retention.
+    pub(super) async fn read_backlog(&self) -> Result<Backlog> {
+        let row = query(&SQL.backlog)
+            .fetch_one(self.pool())
+            .await
+            .map_err(store_error)?;
+        let count = |column: &str| -> Result<u64> {
+            let n: i64 = row.try_get(column).map_err(store_error)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
+        Ok(Backlog {
+            pending: count("pending")?,
+            dead: count("dead")?,
+            oldest_pending_age: oldest
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        })
+    }
+}
+
+impl OutboxAdmin for MySqlOutbox {
+    async fn stats(&self) -> Result<OutboxStats> {
+        MySqlOutbox::stats(self).await
+    }
+
+    async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
+        let row = query(&SQL.row)
+            .bind(uuid_bytes(id.as_uuid()))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
+        Ok(Some(OutboxRow {
+            state: decode_state(&reader)?,
+            message: Message::decode(&reader)?,
+        }))
+    }
+
+    async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(after, limit).await
+    }
+
+    async fn replay_dead(&self, id: MessageId) -> Result<bool> {
+        MySqlOutbox::replay_dead(self, id).await
+    }
+
+    async fn purge_dead(&self, id: MessageId) -> Result<bool> {
+        let result = query(&SQL.purge_dead)
+            .bind(uuid_bytes(id.as_uuid()))
+            .execute(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(result.rows_affected() > 0)
     }
 }
 

@@ -5,7 +5,7 @@ mod admin;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
+use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
@@ -275,6 +275,10 @@ impl SpoolStore for MySqlOutbox {
     /// last claim began ends the wait at once), or after `timeout`.
     async fn wait_for_work(&self, timeout: Duration) {
         self.seen.wait(timeout).await;
+    }
+
+    async fn backlog(&self) -> Result<Option<Backlog>> {
+        Ok(Some(self.read_backlog().await?))
     }
 }
 

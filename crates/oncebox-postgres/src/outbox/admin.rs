@@ -8,6 +8,7 @@ use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::{SpoolRow, query, sql_limit};
 use crate::time::{from_micros, micros_duration};
 
+use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 impl PgOutbox {
@@ -53,8 +54,17 @@ impl PgOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(None, limit).await
+    }
+
+    async fn dead_letters_after(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
         let rows = query(&self.sql().dead_letters)
             .bind(sql_limit(limit))
+            .bind(after.unwrap_or(i64::MIN))
             .fetch_all(self.pool())
             .await
             .map_err(store_error)?;
@@ -133,6 +143,66 @@ impl PgOutbox {
         };
         let reader = RowReader::new(&row, self.spool().display(), format_args!("id {id}"));
         Ok(Some(decode_state(&reader)?))
+    }
+}
+
+impl PgOutbox {
+    /// The backlog: [`stats`](Self::stats) without the count of published rows, which
+    /// grows with retention.
+    pub(super) async fn read_backlog(&self) -> Result<Backlog> {
+        let row = query(&self.sql().backlog)
+            .fetch_one(self.pool())
+            .await
+            .map_err(store_error)?;
+        let count = |column: &str| -> Result<u64> {
+            let n: i64 = row.try_get(column).map_err(store_error)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest_pending_us").map_err(store_error)?;
+        Ok(Backlog {
+            pending: count("pending")?,
+            dead: count("dead")?,
+            oldest_pending_age: oldest.map(micros_duration),
+        })
+    }
+}
+
+impl OutboxAdmin for PgOutbox {
+    async fn stats(&self) -> Result<OutboxStats> {
+        PgOutbox::stats(self).await
+    }
+
+    async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
+        let row = query(&self.sql().row)
+            .bind(id.to_string())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, self.spool().display(), format_args!("id {id}"));
+        Ok(Some(OutboxRow {
+            state: decode_state(&reader)?,
+            message: Message::decode(&reader)?,
+        }))
+    }
+
+    async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(after, limit).await
+    }
+
+    async fn replay_dead(&self, id: MessageId) -> Result<bool> {
+        PgOutbox::replay_dead(self, id).await
+    }
+
+    async fn purge_dead(&self, id: MessageId) -> Result<bool> {
+        let result = query(&self.sql().purge_dead)
+            .bind(id.to_string())
+            .execute(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(result.rows_affected() > 0)
     }
 }
 

@@ -7,7 +7,7 @@ pub(crate) mod sql;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
+use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::{Error, Headers, InvalidMessage, Limits, Message, MessageId, Result};
 use sqlx::postgres::{PgConnection, PgPool};
 
@@ -358,6 +358,10 @@ impl SpoolStore for PgOutbox {
         }
         let mut seen = self.seen.snapshot();
         wait(&mut seen, timeout).await;
+    }
+
+    async fn backlog(&self) -> Result<Option<Backlog>> {
+        Ok(Some(self.read_backlog().await?))
     }
 }
 

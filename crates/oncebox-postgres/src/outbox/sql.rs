@@ -25,10 +25,16 @@ pub(crate) struct OutboxSql {
     /// `$1` id.
     pub(crate) replay: Arc<str>,
     pub(crate) stats: Arc<str>,
-    /// `$1` limit.
+    /// `stats` without the count of done rows.
+    pub(crate) backlog: Arc<str>,
+    /// `$1` limit, `$2` after (a `seq`).
     pub(crate) dead_letters: Arc<str>,
     /// `$1` id.
+    pub(crate) purge_dead: Arc<str>,
+    /// `$1` id.
     pub(crate) status: Arc<str>,
+    /// `$1` id: `status` with the message.
+    pub(crate) row: Arc<str>,
     /// The table, for [`PgOutbox::table`](crate::PgOutbox::table).
     pub(crate) table: String,
     /// The notification channel.
@@ -196,10 +202,25 @@ WHERE t.id = $1::uuid AND t.{status} = 'dead'",
             seq = c.seq,
         )
         .into(),
+        backlog: format!(
+            "SELECT
+  (SELECT count(*) FROM {t} WHERE {status} = 'pending') AS pending,
+  (SELECT count(*) FROM {t} WHERE {status} = 'dead') AS dead,
+  (SELECT (extract(epoch FROM statement_timestamp() - {created}) * 1000000)::bigint
+   FROM {t} AS t WHERE t.{status} = 'pending' ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
+            status = c.status,
+            seq = c.seq,
+        )
+        .into(),
+        purge_dead: format!(
+            "DELETE FROM {t} WHERE id = $1::uuid AND {status} = 'dead'",
+            status = c.status,
+        )
+        .into(),
         dead_letters: format!(
             "SELECT t.{seq} AS seq, t.{attempts} AS attempts, {item},
        t.{last_error} AS last_error, {dead_at} AS dead_at
-FROM {t} AS t WHERE t.{status} = 'dead' ORDER BY t.{seq} LIMIT $1",
+FROM {t} AS t WHERE t.{status} = 'dead' AND t.{seq} > $2 ORDER BY t.{seq} LIMIT $1",
             seq = c.seq,
             attempts = c.attempts,
             item = layout.item,
@@ -221,6 +242,22 @@ FROM {t} AS t WHERE t.id = $1::uuid",
             lease_until = micros_of(&format!("t.{}", c.lease_until)),
             done_at = micros_of(&format!("t.{}", c.done_at)),
             dead_at = micros_of(&format!("t.{}", c.dead_at)),
+        )
+        .into(),
+        row: format!(
+            "SELECT t.{seq} AS seq, t.{status} AS status, t.{attempts} AS attempts,
+       t.{last_error} AS last_error, {available_at} AS available_at,
+       {lease_until} AS lease_until, {done_at} AS done_at, {dead_at} AS dead_at, {item}
+FROM {t} AS t WHERE t.id = $1::uuid",
+            seq = c.seq,
+            status = c.status,
+            attempts = c.attempts,
+            last_error = c.last_error,
+            available_at = micros_of(&format!("t.{}", c.available_at)),
+            lease_until = micros_of(&format!("t.{}", c.lease_until)),
+            done_at = micros_of(&format!("t.{}", c.done_at)),
+            dead_at = micros_of(&format!("t.{}", c.dead_at)),
+            item = layout.item,
         )
         .into(),
         table: t.clone(),

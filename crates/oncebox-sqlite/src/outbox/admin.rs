@@ -10,6 +10,7 @@ use super::{SqliteOutbox, sql};
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::{SpoolRow, sql_limit};
 
+use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 impl SqliteOutbox {
@@ -40,6 +41,24 @@ impl SqliteOutbox {
         })
     }
 
+    /// The backlog: [`stats`](Self::stats) without the count of published rows, which
+    /// grows with retention.
+    pub(super) async fn read_backlog(&self) -> Result<Backlog> {
+        let oldest: Option<i64> = sqlx::query_scalar(sql::OLDEST_PENDING)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let now = SystemTime::now();
+        Ok(Backlog {
+            pending: self.count(sql::COUNT_PENDING).await?,
+            dead: self.count(sql::COUNT_DEAD).await?,
+            oldest_pending_age: oldest.map(|created| {
+                now.duration_since(from_unix_millis(created))
+                    .unwrap_or(Duration::ZERO)
+            }),
+        })
+    }
+
     async fn count(&self, query: &'static str) -> Result<u64> {
         let n: i64 = sqlx::query_scalar(query)
             .fetch_one(self.pool())
@@ -61,8 +80,17 @@ impl SqliteOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(None, limit).await
+    }
+
+    async fn dead_letters_after(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
         let rows = sqlx::query(sql::DEAD_LETTERS)
             .bind(sql_limit(limit))
+            .bind(after.unwrap_or(i64::MIN))
             .fetch_all(self.pool())
             .await
             .map_err(store_error)?;
@@ -125,6 +153,45 @@ impl SqliteOutbox {
         };
         let reader = RowReader::new(&row, sql::TABLE, format_args!("id {id}"));
         Ok(Some(decode_state(&reader)?))
+    }
+}
+
+impl OutboxAdmin for SqliteOutbox {
+    async fn stats(&self) -> Result<OutboxStats> {
+        SqliteOutbox::stats(self).await
+    }
+
+    async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
+        let row = sqlx::query(sql::ROW)
+            .bind(id.to_string())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, sql::TABLE, format_args!("id {id}"));
+        Ok(Some(OutboxRow {
+            state: decode_state(&reader)?,
+            message: Message::decode(&reader)?,
+        }))
+    }
+
+    async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_after(after, limit).await
+    }
+
+    async fn replay_dead(&self, id: MessageId) -> Result<bool> {
+        SqliteOutbox::replay_dead(self, id).await
+    }
+
+    async fn purge_dead(&self, id: MessageId) -> Result<bool> {
+        let result = sqlx::query(sql::PURGE_DEAD)
+            .bind(id.to_string())
+            .execute(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(result.rows_affected() > 0)
     }
 }
 

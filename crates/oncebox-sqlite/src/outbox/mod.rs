@@ -6,7 +6,7 @@ mod sql;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
+use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result};
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
@@ -170,6 +170,10 @@ impl SpoolStore for SqliteOutbox {
 
     async fn wait_for_work(&self, timeout: Duration) {
         self.table.wait_for_work(timeout).await;
+    }
+
+    async fn backlog(&self) -> Result<Option<Backlog>> {
+        Ok(Some(self.read_backlog().await?))
     }
 }
 

@@ -112,7 +112,10 @@ WHERE status = 'pending' ORDER BY seq LIMIT 1";
 pub(super) const DEAD_LETTERS: &str = "\
 SELECT seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at,
        last_error, dead_at
-FROM oncebox_outbox WHERE status = 'dead' ORDER BY seq LIMIT ?1";
+FROM oncebox_outbox INDEXED BY oncebox_outbox_dead
+WHERE status = 'dead' AND seq > ?2 ORDER BY seq LIMIT ?1";
+
+pub(super) const PURGE_DEAD: &str = "DELETE FROM oncebox_outbox WHERE id = ?1 AND status = 'dead'";
 
 pub(super) const REPLAY_DEAD: &str = "\
 UPDATE oncebox_outbox SET status = 'pending', attempts = 0, available_at = ?2, dead_at = NULL
@@ -122,6 +125,14 @@ pub(super) const STATUS: &str = "\
 SELECT seq, status, attempts, available_at, last_error, done_at, dead_at,
        (SELECT max(c.until) FROM oncebox_outbox_claims AS c, json_each(c.seqs) AS j
         WHERE j.value = o.seq) AS lease_until
+FROM oncebox_outbox AS o WHERE id = ?1";
+
+/// [`STATUS`] with the message.
+pub(super) const ROW: &str = "\
+SELECT seq, status, attempts, available_at, last_error, done_at, dead_at,
+       (SELECT max(c.until) FROM oncebox_outbox_claims AS c, json_each(c.seqs) AS j
+        WHERE j.value = o.seq) AS lease_until,
+       id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at
 FROM oncebox_outbox AS o WHERE id = ?1";
 
 #[cfg(test)]

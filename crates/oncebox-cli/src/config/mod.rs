@@ -1,0 +1,513 @@
+//! The service's configuration: defaults < TOML file (`--config`) < `ONCEBOX_…`
+//! environment < flags.
+//!
+//! Environment variables name a key by its section and name, upper case, joined by a
+//! double underscore: `ONCEBOX_STORE__URL` is `store.url`, `ONCEBOX_RELAY__BATCH_SIZE`
+//! is `relay.batch_size`. Every secret (`store.password`, `broker.password`) is also
+//! read from the file named by the same variable with `_FILE` appended
+//! (`ONCEBOX_STORE__PASSWORD_FILE`), as container secrets are mounted. Secrets are never
+//! printed: [`Config`] serialises them as `<hidden>`, and URLs may not hold passwords at
+//! all (they end up in logs and error messages).
+//!
+//! Every problem is a [`ConfigError`] naming the key and the cause; the binary exits
+//! with status 2 on one.
+
+mod secret;
+mod span;
+mod url;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Format, Toml};
+use serde::{Deserialize, Serialize};
+
+pub(crate) use secret::Secret;
+pub(crate) use span::Span;
+pub(crate) use url::{BrokerKind, StoreKind, StoreUrl, with_password};
+
+/// Prefix of the environment variables the configuration reads.
+pub(crate) const ENV_PREFIX: &str = "ONCEBOX_";
+
+/// A configuration that cannot work: the key (or source) and why, on one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConfigError(pub(crate) String);
+
+impl ConfigError {
+    pub(crate) fn key(key: &str, problem: impl fmt::Display) -> Self {
+        Self(format!("{key}: {problem}"))
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The whole configuration. Every field has a documented default (see
+/// `docs/service.md`); `store.url` and `broker.url` have none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct Config {
+    /// The database holding the outbox and inbox tables.
+    pub(crate) store: StoreConfig,
+    /// How the relay reads the outbox table.
+    pub(crate) outbox: OutboxConfig,
+    /// The broker.
+    pub(crate) broker: BrokerConfig,
+    /// Outbox topic → broker destination (subject, routing key, topic, stream).
+    pub(crate) topics: BTreeMap<String, String>,
+    /// `oncebox relay`.
+    pub(crate) relay: RelayConfig,
+    /// `oncebox receive`.
+    pub(crate) receive: ReceiveConfig,
+    /// The metrics and health endpoint.
+    pub(crate) http: HttpConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct StoreConfig {
+    pub(crate) url: Option<StoreUrl>,
+    pub(crate) password: Option<Secret>,
+    /// PostgreSQL schema of oncebox's tables.
+    pub(crate) schema: String,
+    pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Span,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            password: None,
+            schema: "oncebox".to_owned(),
+            pool_size: 8,
+            connect_timeout: Span::secs(5),
+        }
+    }
+}
+
+/// The outbox table's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Layout {
+    /// oncebox's own table.
+    #[default]
+    Oncebox,
+    /// A Debezium-style table (PostgreSQL).
+    Debezium,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct OutboxConfig {
+    pub(crate) layout: Layout,
+    /// The Debezium-style table, `schema.name` or `name` (in `public`).
+    pub(crate) table: String,
+    /// Prepended to `aggregatetype` to make the topic (Debezium layout).
+    pub(crate) topic_prefix: String,
+    /// PostgreSQL: wake on `NOTIFY` from producers that notify.
+    pub(crate) listen: bool,
+    /// PostgreSQL: hold claimed rows with the claim's transaction (else leases).
+    pub(crate) held_claims: bool,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            layout: Layout::Oncebox,
+            table: "public.outbox".to_owned(),
+            topic_prefix: String::new(),
+            listen: false,
+            held_claims: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct BrokerConfig {
+    pub(crate) url: Option<String>,
+    pub(crate) password: Option<Secret>,
+    /// NATS: prepended to every topic to make the subject.
+    pub(crate) subject_prefix: String,
+    /// NATS: a stream to create (if missing) over `subject_prefix` + `>`.
+    pub(crate) stream: Option<String>,
+    /// RabbitMQ: the exchange published to.
+    pub(crate) exchange: String,
+    /// Redis Streams: prepended to every topic to make the stream key.
+    pub(crate) key_prefix: String,
+    pub(crate) connect_timeout: Span,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            password: None,
+            subject_prefix: String::new(),
+            stream: None,
+            exchange: "oncebox".to_owned(),
+            key_prefix: String::new(),
+            connect_timeout: Span::secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RelayConfig {
+    /// Name in logs and metric labels.
+    pub(crate) name: String,
+    pub(crate) batch_size: i64,
+    /// Keys published at once.
+    pub(crate) concurrency: i64,
+    /// Attempts before a message is dead-lettered.
+    pub(crate) max_attempts: i64,
+    pub(crate) retry_initial: Span,
+    pub(crate) retry_max: Span,
+    pub(crate) lease: Span,
+    pub(crate) publish_timeout: Span,
+    pub(crate) poll_max: Span,
+    pub(crate) retention: Span,
+    pub(crate) cleanup_interval: Span,
+    pub(crate) stats_interval: Span,
+    /// Relay loops in this process (each claims its own batches).
+    pub(crate) workers: i64,
+    /// Time a graceful stop may take.
+    pub(crate) stop_timeout: Span,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            name: "outbox".to_owned(),
+            batch_size: 256,
+            concurrency: 256,
+            max_attempts: 10,
+            retry_initial: Span::secs(1),
+            retry_max: Span::secs(300),
+            lease: Span::secs(30),
+            publish_timeout: Span::secs(10),
+            poll_max: Span::secs(1),
+            retention: Span::secs(24 * 3600),
+            cleanup_interval: Span::secs(60),
+            stats_interval: Span::secs(5),
+            workers: 1,
+            stop_timeout: Span::secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ReceiveConfig {
+    /// The topic received from.
+    pub(crate) topic: Option<String>,
+    /// The consumer name: the broker's group and the inbox rows' `consumer`.
+    pub(crate) consumer: String,
+    /// How long a message id is remembered (done rows are kept that long).
+    pub(crate) dedup_window: Span,
+    /// Deliveries stored at once.
+    pub(crate) lanes: i64,
+    /// Attempts to store a delivery before it is dead-lettered on the broker.
+    pub(crate) max_attempts: i64,
+    /// Time between deletions of processed rows older than the dedup window.
+    pub(crate) cleanup_interval: Span,
+    pub(crate) stop_timeout: Span,
+}
+
+impl Default for ReceiveConfig {
+    fn default() -> Self {
+        Self {
+            topic: None,
+            consumer: "inbox".to_owned(),
+            dedup_window: Span::secs(7 * 24 * 3600),
+            lanes: 16,
+            max_attempts: 10,
+            cleanup_interval: Span::secs(60),
+            stop_timeout: Span::secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct HttpConfig {
+    /// Address of `/metrics`, `/healthz` and `/readyz`; `off` for none.
+    pub(crate) listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".to_owned(),
+        }
+    }
+}
+
+impl HttpConfig {
+    /// The address to listen on, or `None` when off.
+    pub(crate) fn address(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.listen == "off" {
+            return Ok(None);
+        }
+        self.listen.parse().map(Some).map_err(|_| {
+            ConfigError::key(
+                "http.listen",
+                format!(
+                    "{:?} is not an address such as 127.0.0.1:9464 (or \"off\")",
+                    self.listen
+                ),
+            )
+        })
+    }
+}
+
+/// Flags that override the merged configuration (they win over everything).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct Overrides {
+    /// TOML configuration file.
+    #[arg(long, short = 'c', global = true, value_name = "FILE")]
+    pub(crate) config: Option<std::path::PathBuf>,
+    /// `store.url`: sqlite://FILE, postgres://…, mysql://….
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) store_url: Option<String>,
+    /// `broker.url`: nats://…, amqp://…, kafka://HOST:PORT[,…], redis://….
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) broker_url: Option<String>,
+    /// `http.listen`: the metrics and health address, or `off`.
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub(crate) listen: Option<String>,
+}
+
+impl Config {
+    /// Merges defaults, the file, the environment and `flags`, then checks the result.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the key and the cause.
+    pub(crate) fn load(flags: &Overrides) -> Result<Self, ConfigError> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_from(flags, &vars)
+    }
+
+    /// [`load`](Self::load) with the environment given (tests).
+    pub(crate) fn load_from(
+        flags: &Overrides,
+        vars: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = &flags.config {
+            if !path.is_file() {
+                return Err(ConfigError::key(
+                    "--config",
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(env_provider(vars)).merge(secret_files(vars)?);
+        let mut config: Config = figment.extract().map_err(|error| from_figment(&error))?;
+        config.apply(flags)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn apply(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
+        if let Some(url) = &flags.store_url {
+            self.store.url =
+                Some(StoreUrl::parse(url).map_err(|e| ConfigError::key("--store-url", e))?);
+        }
+        if let Some(url) = &flags.broker_url {
+            self.broker.url = Some(url.clone());
+        }
+        if let Some(listen) = &flags.listen {
+            self.http.listen.clone_from(listen);
+        }
+        Ok(())
+    }
+
+    /// Checks what the types alone do not: limits, URLs, the layout.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |key: &str, value: i64| {
+            if value < 1 {
+                Err(ConfigError::key(
+                    key,
+                    format!("must be at least 1, not {value}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        positive("relay.batch_size", self.relay.batch_size)?;
+        positive("relay.concurrency", self.relay.concurrency)?;
+        positive("relay.max_attempts", self.relay.max_attempts)?;
+        positive("relay.workers", self.relay.workers)?;
+        positive("receive.lanes", self.receive.lanes)?;
+        positive("receive.max_attempts", self.receive.max_attempts)?;
+        positive("store.pool_size", i64::from(self.store.pool_size))?;
+        for (key, span) in [
+            ("relay.lease", self.relay.lease),
+            ("relay.publish_timeout", self.relay.publish_timeout),
+            ("relay.poll_max", self.relay.poll_max),
+            ("relay.retry_initial", self.relay.retry_initial),
+            ("relay.retry_max", self.relay.retry_max),
+            ("relay.retention", self.relay.retention),
+            ("relay.cleanup_interval", self.relay.cleanup_interval),
+            ("relay.stats_interval", self.relay.stats_interval),
+            ("relay.stop_timeout", self.relay.stop_timeout),
+            ("receive.cleanup_interval", self.receive.cleanup_interval),
+            ("receive.stop_timeout", self.receive.stop_timeout),
+            ("receive.dedup_window", self.receive.dedup_window),
+            ("store.connect_timeout", self.store.connect_timeout),
+            ("broker.connect_timeout", self.broker.connect_timeout),
+        ] {
+            if span.get().is_zero() {
+                return Err(ConfigError::key(key, "must be above zero"));
+            }
+        }
+        if self.relay.publish_timeout.get() >= self.relay.lease.get() {
+            return Err(ConfigError::key(
+                "relay.publish_timeout",
+                "must be shorter than relay.lease",
+            ));
+        }
+        if let Some(url) = &self.broker.url {
+            BrokerKind::of(url)?;
+        }
+        if self.outbox.layout == Layout::Debezium
+            && let Some(url) = &self.store.url
+            && url.kind() != StoreKind::Postgres
+        {
+            return Err(ConfigError::key(
+                "outbox.layout",
+                "the Debezium layout needs PostgreSQL (store.url postgres://…)",
+            ));
+        }
+        self.http.address()?;
+        Ok(())
+    }
+
+    /// The store URL, which every command needs.
+    pub(crate) fn store_url(&self) -> Result<&StoreUrl, ConfigError> {
+        self.store.url.as_ref().ok_or_else(|| {
+            ConfigError::key(
+                "store.url",
+                "missing: set it in the file, ONCEBOX_STORE__URL or --store-url",
+            )
+        })
+    }
+
+    /// The broker URL and its kind, which the relay and the receiver need.
+    pub(crate) fn broker(&self) -> Result<(&str, BrokerKind), ConfigError> {
+        let url = self.broker.url.as_deref().ok_or_else(|| {
+            ConfigError::key(
+                "broker.url",
+                "missing: set it in the file, ONCEBOX_BROKER__URL or --broker-url",
+            )
+        })?;
+        Ok((url, BrokerKind::of(url)?))
+    }
+
+    /// The merged configuration as TOML, secrets hidden.
+    pub(crate) fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|error| format!("# cannot print: {error}\n"))
+    }
+}
+
+/// `ONCEBOX_SECTION__KEY` variables (not the `…_FILE` ones, read by [`secret_files`]).
+fn env_provider(
+    vars: &[(String, String)],
+) -> figment::providers::Serialized<BTreeMap<String, figment::value::Value>> {
+    let mut tree: BTreeMap<String, figment::value::Value> = BTreeMap::new();
+    for (name, value) in vars {
+        let Some(key) = env_key(name) else { continue };
+        if key.ends_with("_file") {
+            continue;
+        }
+        // Values are typed as TOML would type them ("256" a number, "true" a boolean),
+        // except secrets, which stay the text they are.
+        let parsed: figment::value::Value = if key.ends_with("password") {
+            value.clone().into()
+        } else {
+            value.parse().unwrap_or_else(|_| value.clone().into())
+        };
+        insert_path(&mut tree, &key, parsed);
+    }
+    figment::providers::Serialized::defaults(tree).profile(figment::Profile::Default)
+}
+
+/// `store.url` from `ONCEBOX_STORE__URL`; `None` for other variables.
+fn env_key(name: &str) -> Option<String> {
+    let rest = name.strip_prefix(ENV_PREFIX)?;
+    let (section, key) = rest.split_once("__")?;
+    if section.is_empty() || key.is_empty() {
+        return None;
+    }
+    Some(format!("{}.{}", section.to_lowercase(), key.to_lowercase()))
+}
+
+/// `…_FILE` variables: the secret is the file's content, less one trailing newline.
+fn secret_files(
+    vars: &[(String, String)],
+) -> Result<figment::providers::Serialized<BTreeMap<String, figment::value::Value>>, ConfigError> {
+    let mut tree = BTreeMap::new();
+    for (name, path) in vars {
+        let Some(key) = env_key(name) else { continue };
+        let Some(key) = key.strip_suffix("_file") else {
+            continue;
+        };
+        let content = std::fs::read_to_string(Path::new(path))
+            .map_err(|error| ConfigError::key(name, format!("cannot read {path}: {error}")))?;
+        let secret = content.strip_suffix('\n').unwrap_or(&content);
+        let secret = secret.strip_suffix('\r').unwrap_or(secret);
+        insert_path(&mut tree, key, secret.to_owned().into());
+    }
+    Ok(figment::providers::Serialized::defaults(tree).profile(figment::Profile::Default))
+}
+
+fn insert_path(
+    tree: &mut BTreeMap<String, figment::value::Value>,
+    key: &str,
+    value: figment::value::Value,
+) {
+    use figment::value::{Dict, Value};
+    let Some((section, field)) = key.split_once('.') else {
+        tree.insert(key.to_owned(), value);
+        return;
+    };
+    let entry = tree
+        .entry(section.to_owned())
+        .or_insert_with(|| Value::from(Dict::new()));
+    if let Value::Dict(_, dict) = entry {
+        dict.insert(field.to_owned(), value);
+    }
+}
+
+/// One line from figment's error: the key, what was wrong, where it came from.
+fn from_figment(error: &figment::Error) -> ConfigError {
+    let key = if error.path.is_empty() {
+        "configuration".to_owned()
+    } else {
+        error.path.join(".")
+    };
+    let source = error
+        .metadata
+        .as_ref()
+        .map(|metadata| match &metadata.source {
+            Some(source) => format!(" (in {source})"),
+            None => format!(" (in {})", metadata.name),
+        })
+        .unwrap_or_default();
+    let kind = error.kind.to_string();
+    // Our own parse errors already read well; serde's say what was found and expected.
+    ConfigError(format!("{key}: {kind}{source}"))
+}

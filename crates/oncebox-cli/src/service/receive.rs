@@ -1,0 +1,183 @@
+//! `oncebox receive`: the broker → the durable inbox table, each message id stored once
+//! and acked once stored, until stopped. Services in any language then take rows from
+//! the table with plain SQL (docs/service.md, "The inbox contract").
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use oncebox::consumer::{Consumer, ConsumerOptions, DurableInbox};
+use oncebox::spool::SpoolStore;
+use oncebox::store::DurableInboxStore;
+use tokio::sync::watch;
+
+use super::backend::{AnySubscriber, Broker, Database};
+use super::http::{self, ReadinessCheck};
+use super::stop::{self, Signals};
+use crate::config::{Config, ConfigError};
+
+/// How long a readiness check waits for the store or the broker.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Processed rows deleted per statement by the retention cleanup.
+const CLEANUP_BATCH: usize = 1000;
+
+/// Flags of `oncebox receive` (they win over `[receive]`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReceiveArgs {
+    /// `receive.topic`: the topic received from.
+    #[arg(long)]
+    topic: Option<String>,
+    /// `receive.consumer`: the consumer group on the broker and the rows' `consumer`.
+    #[arg(long)]
+    consumer: Option<String>,
+}
+
+/// Runs `oncebox receive` on `config` until a signal stops it.
+pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Result<ExitCode> {
+    let signals = Signals::listen().context("cannot listen to SIGTERM and SIGINT")?;
+    let topic = args
+        .topic
+        .clone()
+        .or_else(|| config.receive.topic.clone())
+        .ok_or_else(|| {
+            ConfigError::key(
+                "receive.topic",
+                "missing: set it in the file, ONCEBOX_RECEIVE__TOPIC or --topic",
+            )
+        })?;
+    let consumer = args
+        .consumer
+        .clone()
+        .unwrap_or_else(|| config.receive.consumer.clone());
+    let options = ConsumerOptions::new(consumer.clone())
+        .dedup_window(config.receive.dedup_window.get())
+        .max_attempts(u32::try_from(config.receive.max_attempts).unwrap_or(u32::MAX));
+    options
+        .validate()
+        .map_err(|error| ConfigError::key("receive", error))?;
+    let listener = match config.http.address()? {
+        Some(address) => Some(http::bind(address).await?),
+        None => None,
+    };
+    let metrics = http::install_recorder()?;
+    let database = Arc::new(Database::connect(config).await?);
+    let broker = Arc::new(Broker::connect(config).await?);
+    let subscriber = broker
+        .subscriber(&topic, &consumer)
+        .await
+        .with_context(|| format!("cannot subscribe to {topic} as {consumer}"))?;
+    if let Some(listener) = listener {
+        http::serve(listener, metrics, readiness(&database, &broker));
+    }
+    tracing::info!(
+        store = database.kind(),
+        broker = broker.kind(),
+        %topic,
+        %consumer,
+        "receiving into the durable inbox"
+    );
+    let inbox = Inbox {
+        subscriber,
+        options,
+        lanes: usize::try_from(config.receive.lanes).unwrap_or(usize::MAX),
+        cleanup_interval: config.receive.cleanup_interval.get(),
+    };
+    let (stopping, _) = watch::channel(false);
+    let stopped = stop::stopped(&stopping);
+    let deadline = config.receive.stop_timeout.get();
+    match &*database {
+        Database::Sqlite(store) => {
+            let work = inbox.run(store.durable_inbox(&consumer), stopped);
+            stop::run_until_signal(signals, stopping, deadline, work).await
+        }
+        Database::Postgres(store) => {
+            let work = inbox.run(store.durable_inbox(&consumer), stopped);
+            stop::run_until_signal(signals, stopping, deadline, work).await
+        }
+        #[cfg(feature = "mysql")]
+        Database::Mysql(store) => {
+            let work = inbox.run(store.durable_inbox(&consumer), stopped);
+            stop::run_until_signal(signals, stopping, deadline, work).await
+        }
+    }
+}
+
+/// What the receiving loop needs besides the store.
+struct Inbox {
+    subscriber: AnySubscriber,
+    options: ConsumerOptions,
+    lanes: usize,
+    cleanup_interval: Duration,
+}
+
+impl Inbox {
+    /// Stores deliveries in `store` until `stopped`, and deletes processed rows older
+    /// than the dedup window every `cleanup_interval`.
+    async fn run<S>(
+        self,
+        store: S,
+        stopped: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()>
+    where
+        S: DurableInboxStore + Clone + 'static,
+    {
+        let window = self.options.window();
+        let inbox = DurableInbox::new(store.clone(), self.options).context("receive settings")?;
+        let (done, _) = watch::channel(false);
+        let cleanup = cleanup(store, window, self.cleanup_interval, stop::stopped(&done));
+        let consumer = async {
+            let ended = Consumer::new(self.subscriber, inbox)
+                .lanes(self.lanes)
+                .run_until(stopped)
+                .await;
+            done.send_replace(true);
+            ended
+        };
+        let (ended, ()) = tokio::join!(consumer, cleanup);
+        ended.context("the receiver stopped")
+    }
+}
+
+/// Deletes processed rows older than the dedup window, in bounded batches, until
+/// `stopped`. A row younger than the window is what makes a redelivery a duplicate.
+async fn cleanup<S: SpoolStore>(
+    store: S,
+    window: Duration,
+    interval: Duration,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        tokio::select! {
+            () = &mut stopped => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let before = SystemTime::now() - window;
+        loop {
+            match store.purge(before, CLEANUP_BATCH).await {
+                Ok(deleted) if deleted == CLEANUP_BATCH as u64 => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "deleting processed inbox rows failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Ready when the store answers and the broker's connection is up.
+fn readiness(database: &Arc<Database>, broker: &Arc<Broker>) -> ReadinessCheck {
+    let database = Arc::clone(database);
+    let broker = Arc::clone(broker);
+    Arc::new(move || {
+        let database = Arc::clone(&database);
+        let broker = Arc::clone(&broker);
+        Box::pin(async move {
+            database.ping(CHECK_TIMEOUT).await?;
+            broker.check(CHECK_TIMEOUT).await
+        })
+    })
+}

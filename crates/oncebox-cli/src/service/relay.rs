@@ -1,0 +1,165 @@
+//! `oncebox relay`: the outbox table → the broker, until stopped.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncebox::spool::{Relay, SpoolOptions};
+use oncebox::{Backoff, Message, Publisher, Result};
+use tokio::sync::watch;
+
+use super::backend::{AnyOutbox, AnyPublisher, Broker, Database};
+use super::http::{self, ReadinessCheck};
+use super::stop::{self, Signals};
+use crate::config::Config;
+
+/// How long a readiness check waits for the store or the broker.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs `oncebox relay` on `config` until a signal stops it.
+pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
+    let signals = Signals::listen().context("cannot listen to SIGTERM and SIGINT")?;
+    let listener = match config.http.address()? {
+        Some(address) => Some(http::bind(address).await?),
+        None => None,
+    };
+    let metrics = http::install_recorder()?;
+    let database = Arc::new(Database::connect(config).await?);
+    let broker = Arc::new(Broker::connect(config).await?);
+    let outbox = database.outbox(config)?;
+    let publisher = Arc::new(TopicMap::new(
+        broker
+            .publisher()
+            .await
+            .context("cannot open a publisher")?,
+        config.topics.clone(),
+    ));
+    let options = spool_options(config);
+    let relays = (0..config.relay.workers)
+        .map(|_| Relay::new(outbox.clone(), Arc::clone(&publisher), options.clone()).map(Arc::new))
+        .collect::<Result<Vec<_>>>()
+        .context("relay settings")?;
+
+    if let Some(listener) = listener {
+        http::serve(
+            listener,
+            metrics,
+            readiness(config, &database, &broker, &relays),
+        );
+    }
+    tracing::info!(
+        store = database.kind(),
+        broker = broker.kind(),
+        workers = relays.len(),
+        "relaying"
+    );
+    let (stopping, _) = watch::channel(false);
+    let work = {
+        let stopping = stopping.clone();
+        async move {
+            let runs = relays.iter().map(|relay| {
+                let stopped = stop::stopped(&stopping);
+                async move { relay.run_until(stopped).await }
+            });
+            for ended in futures_util::future::join_all(runs).await {
+                ended.context("the relay stopped")?;
+            }
+            Ok(())
+        }
+    };
+    stop::run_until_signal(signals, stopping, config.relay.stop_timeout.get(), work).await
+}
+
+/// The relay's settings, from `[relay]`.
+fn spool_options(config: &Config) -> SpoolOptions {
+    let relay = &config.relay;
+    let count = |value: i64| usize::try_from(value).unwrap_or(usize::MAX);
+    SpoolOptions::new()
+        .name(relay.name.clone())
+        .batch_size(count(relay.batch_size))
+        .concurrency(count(relay.concurrency))
+        .max_attempts(u32::try_from(relay.max_attempts).unwrap_or(u32::MAX))
+        .backoff(
+            Backoff::new()
+                .initial(relay.retry_initial.get())
+                .max(relay.retry_max.get()),
+        )
+        .lease(relay.lease.get())
+        .dispatch_timeout(relay.publish_timeout.get())
+        .poll_interval(
+            relay.poll_max.get().min(Duration::from_millis(10)),
+            relay.poll_max.get(),
+        )
+        .retention(relay.retention.get())
+        .cleanup_interval(relay.cleanup_interval.get())
+        .stats_interval(relay.stats_interval.get())
+}
+
+/// Ready when the store answers, the broker's connection is up, every relay loop
+/// claimed recently without error and its last batch reached the broker.
+fn readiness(
+    config: &Config,
+    database: &Arc<Database>,
+    broker: &Arc<Broker>,
+    relays: &[Arc<Relay<AnyOutbox, Arc<TopicMap>>>],
+) -> ReadinessCheck {
+    // A loop claims at least every poll_max, and not while it publishes a batch.
+    let stale =
+        config.relay.poll_max.get() + config.relay.publish_timeout.get() + Duration::from_secs(5);
+    let database = Arc::clone(database);
+    let broker = Arc::clone(broker);
+    let relays: Vec<_> = relays.to_vec();
+    Arc::new(move || {
+        let database = Arc::clone(&database);
+        let broker = Arc::clone(&broker);
+        let relays = relays.clone();
+        Box::pin(async move {
+            database.ping(CHECK_TIMEOUT).await?;
+            broker.check(CHECK_TIMEOUT).await?;
+            for relay in &relays {
+                let health = relay.health();
+                if let Some(error) = health.claim_error {
+                    return Err(format!("claiming fails: {error}"));
+                }
+                if let Some(error) = health.sink_outage {
+                    return Err(format!("the broker is unreachable: {error}"));
+                }
+                match health.last_claim {
+                    Some(at) if at.elapsed() <= stale => {}
+                    Some(at) => return Err(format!("no claim for {:?}", at.elapsed())),
+                    None => return Err("starting: no claim yet".to_owned()),
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The publisher with `[topics]` applied: an outbox topic listed there goes to the
+/// destination it names (a subject, routing key, topic or stream, before the broker's
+/// own prefix); others keep their name.
+pub(crate) struct TopicMap {
+    publisher: AnyPublisher,
+    topics: BTreeMap<String, String>,
+}
+
+impl TopicMap {
+    pub(crate) fn new(publisher: AnyPublisher, topics: BTreeMap<String, String>) -> Self {
+        Self { publisher, topics }
+    }
+}
+
+impl Publisher for TopicMap {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        match self.topics.get(&message.topic) {
+            None => self.publisher.publish(message).await,
+            Some(destination) => {
+                let mut mapped = message.clone();
+                mapped.topic.clone_from(destination);
+                self.publisher.publish(&mapped).await
+            }
+        }
+    }
+}
