@@ -1,0 +1,413 @@
+//! `oncebox relay` as a process: orders written by producers outside Rust while it runs,
+//! stopped by SIGTERM and killed by SIGKILL at mid-drain, restarted, and what reached
+//! the broker read back with the broker's own client.
+
+#![cfg(all(feature = "nats", feature = "redis-streams"))]
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::{Seen, Service, audit, psql, run_ok, sample, wait_for, write_config};
+
+/// Orders placed by the producers of these tests, and their customers (the keys).
+const ORDERS: usize = 20_000;
+const CUSTOMERS: usize = 200;
+/// Rows per claim: the most a killed relay can have published and not marked, twice
+/// (a batch in flight and one claimed ahead).
+const BATCH: usize = 100;
+
+/// How long a SIGTERM'd relay may take to exit.
+const STOP: Duration = Duration::from_secs(10);
+
+/// PostgreSQL → NATS JetStream: the psql producer of `examples/sql-producer` places
+/// 20,000 orders while the relay is stopped by SIGTERM at mid-drain (exit 0 within 10 s),
+/// restarted, killed by SIGKILL at mid-drain, and restarted. Every order reaches the
+/// stream once (JetStream drops the killed batch's copies by `Nats-Msg-Id`), each
+/// customer's orders in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_to_nats_survives_sigterm_and_sigkill() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("relay_nats");
+    let subject_prefix = format!("{schema}.");
+    let stream = schema.to_uppercase();
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            r#"
+[store]
+url = "{pg}"
+schema = "{schema}"
+
+[broker]
+url = "{nats}"
+subject_prefix = "{subject_prefix}"
+stream = "{stream}"
+
+[relay]
+batch_size = {BATCH}
+stats_interval = "200ms"
+"#,
+            pg = support::pg_url(),
+            nats = support::nats_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let script = support::psql_orders(dir.path(), &schema, ORDERS, CUSTOMERS);
+
+    let nats = async_nats::connect(support::nats_url())
+        .await
+        .expect("NATS answers");
+    let jetstream = async_nats::jetstream::new(nats);
+    let in_stream = || {
+        let jetstream = jetstream.clone();
+        let stream = stream.clone();
+        async move {
+            let mut stream = jetstream.get_stream(&stream).await.ok()?;
+            Some(stream.info().await.ok()?.state.messages)
+        }
+    };
+
+    let mut producer = support::spawn_psql(&script, &schema);
+    let mut relay = Service::start(dir.path(), "relay-1", &config, &["relay"]);
+    relay.wait_ready(Duration::from_secs(30));
+    wait_until(
+        || async { in_stream().await.filter(|&n| n >= 3_000) },
+        "3,000 published",
+    )
+    .await;
+    relay.stop_cleanly(STOP);
+
+    let before = in_stream().await.unwrap_or(0);
+    let mut relay = Service::start(dir.path(), "relay-2", &config, &["relay"]);
+    wait_until(
+        || async { in_stream().await.filter(|&n| n >= before + 3_000) },
+        "3,000 more",
+    )
+    .await;
+    relay.kill();
+
+    let mut relay = Service::start(dir.path(), "relay-3", &config, &["relay"]);
+    let produced = tokio::task::spawn_blocking(move || producer.wait())
+        .await
+        .expect("the producer is waited for")
+        .expect("psql ran");
+    assert!(produced.success(), "the psql producer failed");
+    wait_until(
+        || async { in_stream().await.filter(|&n| n >= ORDERS as u64) },
+        "every order published",
+    )
+    .await;
+    wait_for("the outbox drained", Duration::from_secs(30), || {
+        let pending = psql(&format!(
+            "SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'"
+        ));
+        (pending == "0").then_some(())
+    });
+    relay.stop_cleanly(STOP);
+
+    // Read back with the broker's client: every order once, per-key order kept.
+    let mut handle = jetstream
+        .get_stream(&stream)
+        .await
+        .expect("the stream exists");
+    let last = handle
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    let mut seen = Vec::with_capacity(ORDERS);
+    for sequence in 1..=last {
+        let message = handle
+            .get_raw_message(sequence)
+            .await
+            .expect("a stored message");
+        let id = message
+            .headers
+            .get("ce-id")
+            .expect("every message carries ce-id")
+            .to_string();
+        seen.push(Seen {
+            id,
+            order_id: support::order_id(&message.payload),
+        });
+    }
+    let duplicates = audit(&seen, ORDERS, CUSTOMERS);
+    assert_eq!(
+        duplicates, 0,
+        "JetStream's Nats-Msg-Id window drops every republished copy"
+    );
+    assert_eq!(seen.len(), ORDERS);
+
+    let _ = jetstream.delete_stream(&stream).await;
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// SQLite → Redis Streams: the Python producer of `examples/sql-producer` places 20,000
+/// orders while the relay is stopped by SIGTERM at mid-drain (exit 0 within 10 s, and
+/// nothing published twice), restarted, killed at mid-drain, restarted. Every order is
+/// in the stream, each customer's in order; the only copies are the killed batches'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_to_redis_streams_survives_sigterm_and_sigkill() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("shop.db");
+    let prefix = format!("{}:", support::unique("relay_redis"));
+    let key = format!("{prefix}orders");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            r#"
+[store]
+url = "sqlite://{db}"
+
+[broker]
+url = "{redis}"
+key_prefix = "{prefix}"
+
+[relay]
+batch_size = {BATCH}
+stats_interval = "200ms"
+"#,
+            db = db.display(),
+            redis = support::redis_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let client = redis::Client::open(support::redis_url()).expect("a Redis URL");
+    let mut redis = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let length = {
+        let key = key.clone();
+        let redis = redis.clone();
+        move || {
+            let key = key.clone();
+            let mut redis = redis.clone();
+            async move {
+                redis::cmd("XLEN")
+                    .arg(&key)
+                    .query_async::<u64>(&mut redis)
+                    .await
+                    .ok()
+            }
+        }
+    };
+
+    let mut producer = Command::new("python3")
+        .arg(support::example("place_order.py"))
+        .arg(&db)
+        .arg(ORDERS.to_string())
+        .arg(CUSTOMERS.to_string())
+        .spawn()
+        .expect("python3 starts");
+    let mut relay = Service::start(dir.path(), "relay-1", &config, &["relay"]);
+    relay.wait_ready(Duration::from_secs(30));
+    wait_until(
+        || async { length().await.filter(|&n| n >= 3_000) },
+        "3,000 published",
+    )
+    .await;
+    relay.stop_cleanly(STOP);
+
+    let before = length().await.unwrap_or(0);
+    let mut relay = Service::start(dir.path(), "relay-2", &config, &["relay"]);
+    wait_until(
+        || async { length().await.filter(|&n| n >= before + 3_000) },
+        "3,000 more",
+    )
+    .await;
+    // Up to here every stop was clean: nothing was published twice.
+    let clean = read_stream(&mut redis, &key).await;
+    let clean_copies = clean.len() - distinct(&clean);
+    relay.kill();
+    assert_eq!(
+        clean_copies, 0,
+        "a clean stop published {clean_copies} message(s) twice"
+    );
+
+    let mut relay = Service::start(dir.path(), "relay-3", &config, &["relay"]);
+    let produced = tokio::task::spawn_blocking(move || producer.wait())
+        .await
+        .expect("the producer is waited for")
+        .expect("python3 ran");
+    assert!(produced.success(), "the Python producer failed");
+    wait_for("the outbox drained", Duration::from_secs(60), || {
+        let text = relay.metrics()?;
+        let pending = sample(&text, "oncebox_spool_pending_rows", r#"spool="outbox""#)?;
+        (pending == 0.0
+            && sample(
+                &text,
+                "oncebox_spool_rows_total",
+                r#"spool="outbox",outcome="done""#,
+            )? > 0.0)
+            .then_some(())
+    });
+    let stats = run_ok(&config, &["outbox", "stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("JSON stats");
+    assert_eq!(stats["pending"], 0, "{stats}");
+    assert_eq!(stats["published"], ORDERS, "{stats}");
+    relay.stop_cleanly(STOP);
+
+    let seen = read_stream(&mut redis, &key).await;
+    let duplicates = audit(&seen, ORDERS, CUSTOMERS);
+    assert!(
+        duplicates <= 2 * BATCH,
+        "{duplicates} copies: more than the killed relay's batches could hold"
+    );
+    let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut redis).await;
+}
+
+/// Several relay processes over one outbox are the way to scale out: three relays on one
+/// PostgreSQL outbox publish 6,000 orders of 60 customers to Redis Streams, each order
+/// exactly once and each customer's in commit order, and every relay takes a share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_share_one_outbox_in_per_key_order() {
+    const ORDERS: usize = 6_000;
+    const CUSTOMERS: usize = 60;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("relay_scale");
+    let prefix = format!("{schema}:");
+    let key = format!("{prefix}orders");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            r#"
+[store]
+url = "{pg}"
+schema = "{schema}"
+
+[broker]
+url = "{redis}"
+key_prefix = "{prefix}"
+
+[relay]
+batch_size = 50
+"#,
+            pg = support::pg_url(),
+            redis = support::redis_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let mut relays: Vec<Service> = (1..=3)
+        .map(|n| Service::start(dir.path(), &format!("relay-{n}"), &config, &["relay"]))
+        .collect();
+    for relay in &mut relays {
+        relay.wait_ready(Duration::from_secs(30));
+    }
+    let script = support::psql_orders(dir.path(), &schema, ORDERS, CUSTOMERS);
+    let produced = support::spawn_psql(&script, &schema)
+        .wait()
+        .expect("psql ran");
+    assert!(produced.success(), "the psql producer failed");
+    wait_for("the outbox drained", Duration::from_secs(60), || {
+        let pending = psql(&format!(
+            "SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'"
+        ));
+        (pending == "0").then_some(())
+    });
+    let shares: Vec<f64> = relays
+        .iter()
+        .map(|relay| {
+            let text = relay.metrics().expect("the relay serves /metrics");
+            sample(
+                &text,
+                "oncebox_spool_rows_total",
+                r#"spool="outbox",outcome="done""#,
+            )
+            .unwrap_or(0.0)
+        })
+        .collect();
+    for relay in &mut relays {
+        relay.stop_cleanly(STOP);
+    }
+    let client = redis::Client::open(support::redis_url()).expect("a Redis URL");
+    let mut redis = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let seen = read_stream(&mut redis, &key).await;
+    assert_eq!(
+        audit(&seen, ORDERS, CUSTOMERS),
+        0,
+        "no copies without a crash"
+    );
+    assert_eq!(
+        shares.iter().sum::<f64>(),
+        ORDERS as f64,
+        "published per relay: {shares:?}"
+    );
+    assert!(
+        shares.iter().all(|&share| share > 0.0),
+        "a relay took no share: {shares:?}"
+    );
+    let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut redis).await;
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// Calls `probe` every 50 ms until it returns `Some`, for at most a minute.
+async fn wait_until<F, Fut, T>(mut probe: F, what: &str) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every entry of the Redis stream `key`, read with XRANGE: its `ce_id` and order id.
+async fn read_stream(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<Seen> {
+    type Entry = (String, Vec<Vec<u8>>);
+    let mut seen = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let entries: Vec<Entry> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(redis)
+            .await
+            .expect("XRANGE answers");
+        let Some((last, _)) = entries.last() else {
+            break;
+        };
+        start = format!("({last}");
+        for (_, fields) in &entries {
+            let field = |name: &[u8]| {
+                fields
+                    .chunks(2)
+                    .find(|pair| pair[0] == name)
+                    .map(|pair| pair[1].clone())
+                    .unwrap_or_else(|| panic!("an entry without {}", String::from_utf8_lossy(name)))
+            };
+            seen.push(Seen {
+                id: String::from_utf8(field(b"ce_id")).expect("a UTF-8 id"),
+                order_id: support::order_id(&field(b"data")),
+            });
+        }
+    }
+    seen
+}
+
+fn distinct(seen: &[Seen]) -> usize {
+    seen.iter()
+        .map(|message| message.id.as_str())
+        .collect::<std::collections::HashSet<_>>()
+        .len()
+}

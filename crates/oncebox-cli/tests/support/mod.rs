@@ -1,0 +1,374 @@
+//! Running the real `oncebox` binary as a service: configuration files, child
+//! processes, signals, scrapes of its HTTP endpoint, and readers of what it wrote.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The PostgreSQL server of the tests.
+pub fn pg_url() -> String {
+    std::env::var("ONCEBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// The NATS server of the tests.
+pub fn nats_url() -> String {
+    std::env::var("ONCEBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// The Redis server of the tests.
+pub fn redis_url() -> String {
+    std::env::var("ONCEBOX_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The MySQL / MariaDB server of the tests.
+pub fn mysql_url() -> String {
+    std::env::var("ONCEBOX_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A name no other test (or run) uses: lower case letters, digits and `_`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}_{:08x}", std::process::id(), fastrand::u32(..))
+}
+
+/// A TCP port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("an address").port()
+}
+
+/// The `oncebox` binary, with the logs the services write.
+pub fn oncebox() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    command.env("RUST_LOG", "info,oncebox=info");
+    command
+}
+
+/// Runs `oncebox ARGS` with `config` and waits for it.
+pub fn run(config: &Path, args: &[&str]) -> Output {
+    oncebox()
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the oncebox binary runs")
+}
+
+/// Runs `oncebox ARGS` with `config`, and fails the test unless it succeeded.
+pub fn run_ok(config: &Path, args: &[&str]) -> String {
+    let out = run(config, args);
+    assert!(
+        out.status.success(),
+        "oncebox {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Writes `toml` to `dir/name` and returns its path.
+pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, toml).expect("the config file is written");
+    path
+}
+
+/// A running `oncebox relay` or `oncebox receive`, killed when dropped.
+pub struct Service {
+    child: Child,
+    /// Its `/metrics`, `/healthz` and `/readyz` port.
+    pub port: u16,
+    log: PathBuf,
+    name: String,
+}
+
+impl Service {
+    /// Starts `oncebox --config CONFIG --listen 127.0.0.1:PORT ARGS`, its stderr to
+    /// `dir/NAME.log`.
+    pub fn start(dir: &Path, name: &str, config: &Path, args: &[&str]) -> Self {
+        let port = free_port();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("the log file");
+        let child = oncebox()
+            .arg("--config")
+            .arg(config)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("the oncebox binary starts");
+        Self {
+            child,
+            port,
+            log,
+            name: name.to_owned(),
+        }
+    }
+
+    /// What the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((200, _)) = http_get(self.port, "/readyz") {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited with {status} before it was ready:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready after {timeout:?}:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The current `/metrics` text, if it answers.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.port, "/metrics").map(|(_, body)| body)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        signal(self.child.id(), "TERM");
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits at most `timeout` for the process to exit.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then checks the process exits with status 0 within `timeout`.
+    pub fn stop_cleanly(&mut self, timeout: Duration) {
+        let started = Instant::now();
+        self.terminate();
+        let status = self.wait(timeout);
+        assert!(
+            matches!(status, Some(status) if status.success()),
+            "{} did not exit 0 within {timeout:?} of SIGTERM ({status:?} after {:?}):\n{}",
+            self.name,
+            started.elapsed(),
+            self.log()
+        );
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `SIG{name}` to process `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body, or `None` if it does not
+/// answer.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of the sample `name{labels}` in Prometheus text (labels as written,
+/// such as `spool="outbox",outcome="done"`; empty for none).
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let rest = if labels.is_empty() {
+            rest.strip_prefix(' ')?
+        } else {
+            let inner = rest.strip_prefix('{')?;
+            let (found, value) = inner.split_once("} ")?;
+            let mut found: Vec<&str> = found.split(',').collect();
+            let mut wanted: Vec<&str> = labels.split(',').collect();
+            found.sort_unstable();
+            wanted.sort_unstable();
+            if found != wanted {
+                return None;
+            }
+            value
+        };
+        rest.trim().parse().ok()
+    })
+}
+
+/// Polls `probe` every 50 ms until it returns `Some`, for at most `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One published order as a reader sees it: its message id and the order id, which
+/// names the customer (the key) and the customer's order number: `c7-15`.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub id: String,
+    pub order_id: String,
+}
+
+/// Checks what a reader found against `expected` orders of `customers` customers, each
+/// customer's orders numbered from 1: every order present, each customer's orders in
+/// order (by their first copy); returns how many copies were duplicates.
+pub fn audit(seen: &[Seen], expected: usize, customers: usize) -> usize {
+    let mut first: HashMap<&str, &str> = HashMap::new();
+    let mut duplicates = 0;
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for message in seen {
+        if first.insert(&message.id, &message.order_id).is_some() {
+            duplicates += 1;
+            continue;
+        }
+        let (customer, number) = message
+            .order_id
+            .rsplit_once('-')
+            .unwrap_or_else(|| panic!("an order id such as c7-15, not {:?}", message.order_id));
+        let number: u64 = number.parse().expect("an order number");
+        let expected_next = next.entry(customer.to_owned()).or_insert(1);
+        assert_eq!(
+            number, *expected_next,
+            "customer {customer}: order {number} arrived where {expected_next} was due (per-key order broken)"
+        );
+        *expected_next += 1;
+    }
+    assert_eq!(
+        first.len(),
+        expected,
+        "{} distinct messages of {expected}",
+        first.len()
+    );
+    assert_eq!(
+        next.len(),
+        customers,
+        "orders of {} customers of {customers}",
+        next.len()
+    );
+    duplicates
+}
+
+/// The order id in an order event's JSON payload.
+pub fn order_id(payload: &[u8]) -> String {
+    let event: serde_json::Value = serde_json::from_slice(payload).expect("a JSON order event");
+    event["order_id"].as_str().expect("an order_id").to_owned()
+}
+
+/// A psql script placing `count` orders of `customers` customers through the example
+/// `examples/sql-producer/place_order.sql`, one transaction each, in `schema`.
+pub fn psql_orders(dir: &Path, schema: &str, count: usize, customers: usize) -> PathBuf {
+    let example = example("place_order.sql");
+    let mut script = format!(
+        "\\set ON_ERROR_STOP on\n\\set QUIET on\nSET search_path = {schema};\n\
+         CREATE TABLE IF NOT EXISTS shop_orders (id text PRIMARY KEY, customer text NOT NULL, amount bigint NOT NULL);\n"
+    );
+    let mut placed = vec![0usize; customers];
+    for i in 0..count {
+        let customer = i % customers;
+        placed[customer] += 1;
+        script.push_str(&format!(
+            "\\set order_id c{customer}-{n}\n\\set customer c{customer}\n\\set amount {amount}\n\\i {example}\n",
+            n = placed[customer],
+            amount = 100 + i,
+            example = example.display()
+        ));
+    }
+    let path = dir.join("orders.psql");
+    std::fs::write(&path, script).expect("the psql script is written");
+    path
+}
+
+/// Starts psql on `script` with `-v schema=SCHEMA`.
+pub fn spawn_psql(script: &Path, schema: &str) -> Child {
+    Command::new("psql")
+        .arg(pg_url())
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-v"])
+        .arg(format!("schema={schema}"))
+        .arg("-f")
+        .arg(script)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("psql starts")
+}
+
+/// Runs `sql` with psql and returns what it printed (unaligned, tuples only).
+pub fn psql(sql: &str) -> String {
+    let out = Command::new("psql")
+        .arg(pg_url())
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "psql failed on {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A file of `examples/sql-producer`.
+pub fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/sql-producer")
+        .join(name)
+        .canonicalize()
+        .expect("the example exists")
+}
