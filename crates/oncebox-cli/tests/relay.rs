@@ -411,3 +411,94 @@ fn distinct(seen: &[Seen]) -> usize {
         .collect::<std::collections::HashSet<_>>()
         .len()
 }
+
+/// `/metrics` follows a drain (the backlog gauge falls from 20,000 to 0, the published
+/// counter reaches 20,000), and `/readyz` follows the database: 503 with the reason while
+/// PostgreSQL is unreachable (a proxy between them cut), 200 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_a_drain_and_readiness_follows_the_database() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("relay_health");
+    let proxy = support::Proxy::start(support::address(&support::pg_url(), 5432)).await;
+    let prefix = format!("{schema}:");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            r#"
+[store]
+url = "{pg}"
+schema = "{schema}"
+connect_timeout = "2s"
+
+[broker]
+url = "{redis}"
+key_prefix = "{prefix}"
+
+[relay]
+stats_interval = "100ms"
+poll_max = "200ms"
+"#,
+            pg = support::through(&support::pg_url(), proxy.port),
+            redis = support::redis_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    // A backlog written by plain SQL in one transaction (no key locks: one transaction
+    // allocates its rows' seq in order anyway).
+    psql(&format!(
+        "INSERT INTO {schema}.outbox (id, topic, key, kind, payload)
+         SELECT gen_random_uuid(), 'orders', 'c' || (n % {CUSTOMERS}), 'OrderPlaced',
+                convert_to(json_build_object('order_id', 'c' || (n % {CUSTOMERS}) || '-' || (n / {CUSTOMERS} + 1))::text, 'UTF8')
+         FROM generate_series(0, {ORDERS} - 1) AS n ORDER BY n"
+    ));
+
+    let mut relay = Service::start(dir.path(), "relay", &config, &["relay"]);
+    let mut most_pending = 0.0f64;
+    let (pending, published) = wait_for("the drain in /metrics", Duration::from_secs(60), || {
+        let text = relay.metrics()?;
+        let pending = sample(&text, "oncebox_spool_pending_rows", r#"spool="outbox""#)?;
+        let published = sample(&text, "oncebox_spool_rows_total", r#"spool="outbox",outcome="done""#)?;
+        most_pending = most_pending.max(pending);
+        (pending == 0.0 && published >= ORDERS as f64).then_some((pending, published))
+    });
+    assert_eq!(most_pending, ORDERS as f64, "the first reading saw the whole backlog");
+    assert_eq!((pending, published), (0.0, ORDERS as f64));
+    let text = relay.metrics().expect("/metrics answers");
+    for family in [
+        "oncebox_spool_claim_duration_seconds_bucket",
+        "oncebox_spool_delivery_duration_seconds_bucket",
+        "oncebox_spool_lag_seconds_bucket",
+        "oncebox_spool_oldest_pending_age_seconds",
+        "oncebox_spool_dead_rows",
+    ] {
+        assert!(text.contains(family), "/metrics has no {family}:\n{text}");
+    }
+    assert!(!text.contains("127.0.0.1"), "/metrics shows no address");
+    assert_eq!(support::http_get(relay.port, "/healthz").map(|(status, _)| status), Some(200));
+    relay.wait_ready(Duration::from_secs(10));
+
+    proxy.cut();
+    let reason = wait_for("/readyz to answer 503", Duration::from_secs(20), || {
+        match support::http_get(relay.port, "/readyz") {
+            Some((503, body)) => Some(body),
+            _ => None,
+        }
+    });
+    assert!(reason.contains("store"), "the reason names the store: {reason}");
+    assert_eq!(
+        support::http_get(relay.port, "/healthz").map(|(status, _)| status),
+        Some(200),
+        "the process is alive all the same"
+    );
+    proxy.restore();
+    relay.wait_ready(Duration::from_secs(30));
+    relay.stop_cleanly(STOP);
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+    let mut redis = redis::Client::open(support::redis_url())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let _: Result<(), _> = redis::cmd("DEL").arg(format!("{prefix}orders")).query_async(&mut redis).await;
+}

@@ -372,3 +372,88 @@ pub fn example(name: &str) -> PathBuf {
         .canonicalize()
         .expect("the example exists")
 }
+
+/// A TCP proxy to `target` that a test can cut (every connection dropped, new ones
+/// refused) and restore: a database or broker that becomes unreachable and comes back.
+pub struct Proxy {
+    /// The port to connect to instead of the target's.
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// A proxy to `target` (`host:port`) on a free port of 127.0.0.1.
+    pub async fn start(target: String) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the proxy listens");
+        let port = listener.local_addr().expect("an address").port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accept = {
+            let open = open.clone();
+            let connections = connections.clone();
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !open.load(Ordering::SeqCst) {
+                        continue; // dropped: refused
+                    }
+                    let target = target.clone();
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().expect("the list").push(task.abort_handle());
+                }
+            })
+        };
+        Self {
+            port,
+            open,
+            connections,
+            accept,
+        }
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for connection in self.connections.lock().expect("the list").drain(..) {
+            connection.abort();
+        }
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+/// `url` with its host and port replaced by 127.0.0.1:`port`.
+pub fn through(url: &str, port: u16) -> String {
+    let mut url = url::Url::parse(url).expect("a URL");
+    url.set_host(Some("127.0.0.1")).expect("a host");
+    url.set_port(Some(port)).expect("a port");
+    url.to_string()
+}
+
+/// `host:port` of `url`.
+pub fn address(url: &str, default_port: u16) -> String {
+    let url = url::Url::parse(url).expect("a URL");
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port().unwrap_or(default_port)
+    )
+}
