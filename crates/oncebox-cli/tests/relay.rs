@@ -458,11 +458,18 @@ poll_max = "200ms"
     let (pending, published) = wait_for("the drain in /metrics", Duration::from_secs(60), || {
         let text = relay.metrics()?;
         let pending = sample(&text, "oncebox_spool_pending_rows", r#"spool="outbox""#)?;
-        let published = sample(&text, "oncebox_spool_rows_total", r#"spool="outbox",outcome="done""#)?;
+        let published = sample(
+            &text,
+            "oncebox_spool_rows_total",
+            r#"spool="outbox",outcome="done""#,
+        )?;
         most_pending = most_pending.max(pending);
         (pending == 0.0 && published >= ORDERS as f64).then_some((pending, published))
     });
-    assert_eq!(most_pending, ORDERS as f64, "the first reading saw the whole backlog");
+    assert_eq!(
+        most_pending, ORDERS as f64,
+        "the first reading saw the whole backlog"
+    );
     assert_eq!((pending, published), (0.0, ORDERS as f64));
     let text = relay.metrics().expect("/metrics answers");
     for family in [
@@ -475,17 +482,26 @@ poll_max = "200ms"
         assert!(text.contains(family), "/metrics has no {family}:\n{text}");
     }
     assert!(!text.contains("127.0.0.1"), "/metrics shows no address");
-    assert_eq!(support::http_get(relay.port, "/healthz").map(|(status, _)| status), Some(200));
+    assert_eq!(
+        support::http_get(relay.port, "/healthz").map(|(status, _)| status),
+        Some(200)
+    );
     relay.wait_ready(Duration::from_secs(10));
 
     proxy.cut();
-    let reason = wait_for("/readyz to answer 503", Duration::from_secs(20), || {
-        match support::http_get(relay.port, "/readyz") {
-            Some((503, body)) => Some(body),
-            _ => None,
-        }
-    });
-    assert!(reason.contains("store"), "the reason names the store: {reason}");
+    let reason =
+        wait_for(
+            "/readyz to answer 503",
+            Duration::from_secs(20),
+            || match support::http_get(relay.port, "/readyz") {
+                Some((503, body)) => Some(body),
+                _ => None,
+            },
+        );
+    assert!(
+        reason.contains("store"),
+        "the reason names the store: {reason}"
+    );
     assert_eq!(
         support::http_get(relay.port, "/healthz").map(|(status, _)| status),
         Some(200),
@@ -500,5 +516,8 @@ poll_max = "200ms"
         .get_multiplexed_async_connection()
         .await
         .expect("Redis answers");
-    let _: Result<(), _> = redis::cmd("DEL").arg(format!("{prefix}orders")).query_async(&mut redis).await;
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(format!("{prefix}orders"))
+        .query_async(&mut redis)
+        .await;
 }

@@ -366,8 +366,14 @@ pub fn psql(sql: &str) -> String {
 
 /// A file of `examples/sql-producer`.
 pub fn example(name: &str) -> PathBuf {
+    example_of("sql-producer", name)
+}
+
+/// A file of `examples/DIR`.
+pub fn example_of(dir: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/sql-producer")
+        .join("../../examples")
+        .join(dir)
         .join(name)
         .canonicalize()
         .expect("the example exists")
@@ -404,10 +410,14 @@ impl Proxy {
                     let target = target.clone();
                     let task = tokio::spawn(async move {
                         if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                         }
                     });
-                    connections.lock().expect("the list").push(task.abort_handle());
+                    connections
+                        .lock()
+                        .expect("the list")
+                        .push(task.abort_handle());
                 }
             })
         };
