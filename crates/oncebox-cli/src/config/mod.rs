@@ -383,6 +383,12 @@ impl Config {
         if let Some(url) = &self.broker.url {
             BrokerKind::of(url)?;
         }
+        if self.broker.stream.is_some() && self.broker.subject_prefix.is_empty() {
+            return Err(ConfigError::key(
+                "broker.stream",
+                "needs broker.subject_prefix (such as \"shop.\"): the stream captures the subjects under it, and one over every subject would capture JetStream's own",
+            ));
+        }
         if self.outbox.layout == Layout::Debezium
             && let Some(url) = &self.store.url
             && url.kind() != StoreKind::Postgres

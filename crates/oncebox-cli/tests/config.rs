@@ -1,0 +1,257 @@
+//! Bad configurations of `oncebox relay`: each is refused with one line naming the key
+//! or the cause, exit status 2, no password shown, and nothing written.
+
+mod support;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use support::write_config;
+
+/// A configuration on a SQLite file that must not be created, with `extra` appended and
+/// `broker` as the broker URL.
+fn config(dir: &Path, broker: &str, extra: &str) -> std::path::PathBuf {
+    let toml = format!(
+        "[store]\nurl = \"sqlite://{db}\"\n\n[broker]\nurl = \"{broker}\"\n\n{extra}\n",
+        db = dir.join("never.db").display()
+    );
+    write_config(dir, "oncebox.toml", &toml)
+}
+
+/// Runs `oncebox relay` on `config` (plus `env`) and checks it is refused: status 2, one
+/// line on stderr containing `needle`, nothing on stdout, no database file created.
+fn refused(dir: &Path, config: &Path, env: &[(&str, &str)], needle: &str) -> String {
+    let out = support::oncebox()
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "off", "relay"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("the oncebox binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{needle}: status {:?}, stderr: {stderr}", out.status);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{needle}: one line, not: {stderr}");
+    assert!(stderr.contains(needle), "{needle}: the line names it: {stderr}");
+    assert!(out.stdout.is_empty(), "{needle}: nothing on stdout");
+    assert!(!dir.join("never.db").exists(), "{needle}: no database file created");
+    stderr
+}
+
+#[test]
+fn an_unknown_key_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config(dir.path(), "redis://127.0.0.1:6379", "[relay]\nbatchsize = 10");
+    let line = refused(dir.path(), &config, &[], "relay.batchsize");
+    assert!(line.contains("unknown field"), "{line}");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config(dir.path(), "redis://127.0.0.1:6379", "[relay]\nbatch_size = \"many\"");
+    refused(dir.path(), &config, &[], "relay.batch_size");
+    let config = support::write_config(
+        dir.path(),
+        "oncebox.toml",
+        "[store]\nurl = \"sqlite://x\"\n[relay]\nlease = \"30 parsecs\"\n",
+    );
+    refused(dir.path(), &config, &[], "relay.lease");
+}
+
+#[test]
+fn a_missing_store_url_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = write_config(dir.path(), "oncebox.toml", "[broker]\nurl = \"redis://127.0.0.1:6379\"\n");
+    refused(dir.path(), &config, &[], "store.url: missing");
+}
+
+#[test]
+fn a_missing_broker_url_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!("[store]\nurl = \"{}\"\n", support::pg_url()),
+    );
+    refused(dir.path(), &config, &[], "broker.url: missing");
+}
+
+#[test]
+fn an_unknown_transport_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config(dir.path(), "mqtt://127.0.0.1:1883", "");
+    refused(dir.path(), &config, &[], "unknown broker");
+}
+
+/// Every transport is in the test build, so this case runs the check the build uses on
+/// a transport it leaves out; the binary's own `--version` lists what it has.
+#[test]
+fn a_transport_not_in_the_build_names_its_feature() {
+    let out = support::oncebox().arg("--version").output().expect("runs");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.contains("stores: sqlite, postgres"), "{version}");
+    assert!(version.contains("brokers:"), "{version}");
+    if !version.contains("kafka") {
+        let dir = tempfile::tempdir().expect("a directory");
+        let config = config(dir.path(), "kafka://127.0.0.1:9092", "");
+        let line = refused(dir.path(), &config, &[], "not in this build");
+        assert!(line.contains("--features kafka"), "{line}");
+    }
+}
+
+#[test]
+fn an_unreachable_store_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let toml = "[store]\nurl = \"postgres://postgres@127.0.0.1:1/postgres\"\nconnect_timeout = \"2s\"\n\n[broker]\nurl = \"redis://127.0.0.1:6379\"\n";
+    let config = write_config(dir.path(), "oncebox.toml", toml);
+    refused(dir.path(), &config, &[], "store.url: cannot connect");
+    // A SQLite file that does not exist is not created by the relay.
+    let config = config_on_missing_sqlite(dir.path());
+    refused(dir.path(), &config, &[], "store.url: cannot connect");
+}
+
+fn config_on_missing_sqlite(dir: &Path) -> std::path::PathBuf {
+    config(dir, "redis://127.0.0.1:6379", "")
+}
+
+#[test]
+fn an_unreachable_broker_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let db = dir.path().join("shop.db");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            "[store]\nurl = \"sqlite://{}\"\n\n[broker]\nurl = \"redis://127.0.0.1:1\"\nconnect_timeout = \"2s\"\n",
+            db.display()
+        ),
+    );
+    support::run_ok(&config, &["migrate"]);
+    let out = support::oncebox()
+        .env_remove("RUST_LOG")
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "off", "relay"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("broker.url: cannot connect"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
+fn config_with(dir: &Path, extra: &str) -> std::path::PathBuf {
+    config(dir, "redis://127.0.0.1:6379", extra)
+}
+
+#[test]
+fn an_unusable_listen_address_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let address = taken.local_addr().expect("an address");
+    let config = config(
+        dir.path(),
+        "redis://127.0.0.1:6379",
+        &format!("[http]\nlisten = \"{address}\""),
+    );
+    let out = support::oncebox()
+        .env_remove("RUST_LOG")
+        .arg("--config")
+        .arg(&config)
+        .arg("relay")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("http.listen: cannot listen on"), "{stderr}");
+    assert!(!dir.path().join("never.db").exists());
+    let out = support::oncebox()
+        .env_remove("RUST_LOG")
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "not an address", "relay"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("http.listen"), "{stderr}");
+}
+
+#[test]
+fn zero_and_negative_limits_are_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    for (extra, key) in [
+        ("[relay]\nbatch_size = 0", "relay.batch_size: must be at least 1"),
+        ("[relay]\nworkers = -2", "relay.workers: must be at least 1"),
+        ("[relay]\nmax_attempts = 0", "relay.max_attempts"),
+        ("[relay]\nlease = \"0s\"", "relay.lease: must be above zero"),
+        ("[receive]\nlanes = -1", "receive.lanes"),
+        ("[relay]\npublish_timeout = \"40s\"\nlease = \"30s\"", "relay.publish_timeout"),
+    ] {
+        let config = config_with(dir.path(), extra);
+        refused(dir.path(), &config, &[], key);
+    }
+    // The environment is checked the same way, and named by its key.
+    let config = config_with(dir.path(), "");
+    refused(dir.path(), &config, &[("ONCEBOX_RELAY__CONCURRENCY", "0")], "relay.concurrency");
+}
+
+#[test]
+fn a_password_in_a_url_is_refused_without_being_shown() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let toml = "[store]\nurl = \"postgres://app:hunter2secret@127.0.0.1:5432/app\"\n\n[broker]\nurl = \"redis://127.0.0.1:6379\"\n";
+    let config = write_config(dir.path(), "oncebox.toml", toml);
+    let line = refused(dir.path(), &config, &[], "holds a password");
+    assert!(!line.contains("hunter2secret"), "{line}");
+    let config = config_with(dir.path(), "");
+    let line = refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_BROKER__URL", "amqp://guest:hunter2secret@127.0.0.1:5672/%2f")],
+        "broker.url",
+    );
+    assert!(!line.contains("hunter2secret"), "{line}");
+}
+
+#[test]
+fn a_nats_stream_needs_a_subject_prefix() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config(dir.path(), "nats://127.0.0.1:4222", "stream = \"ALL\"");
+    // `stream` lands in the [broker] table written last by `config`.
+    refused(dir.path(), &config, &[], "broker.stream");
+}
+
+/// `config check` prints the merged configuration (file < environment < flags), and
+/// secrets, from the environment or from a `_FILE`, never.
+#[test]
+fn config_check_merges_sources_and_hides_secrets() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let secret = dir.path().join("db-password");
+    std::fs::write(&secret, "s3cret-from-file\n").expect("written");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        "[store]\nurl = \"postgres://app@db/app\"\n[relay]\nbatch_size = 10\nworkers = 2\n[topics]\norders = \"shop.orders.v1\"\n",
+    );
+    let out = support::oncebox()
+        .arg("--config")
+        .arg(&config)
+        .env("ONCEBOX_RELAY__BATCH_SIZE", "20")
+        .env("ONCEBOX_STORE__PASSWORD_FILE", &secret)
+        .env("ONCEBOX_BROKER__PASSWORD", "12345")
+        .args(["--broker-url", "nats://nats:4222", "config", "check"])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let merged: toml::Table = stdout.parse().expect("TOML");
+    assert_eq!(merged["relay"]["batch_size"].as_integer(), Some(20), "the environment wins over the file");
+    assert_eq!(merged["relay"]["workers"].as_integer(), Some(2));
+    assert_eq!(merged["broker"]["url"].as_str(), Some("nats://nats:4222"), "flags win");
+    assert_eq!(merged["topics"]["orders"].as_str(), Some("shop.orders.v1"));
+    assert_eq!(merged["store"]["password"].as_str(), Some("<hidden>"));
+    assert_eq!(merged["broker"]["password"].as_str(), Some("<hidden>"));
+    assert!(!stdout.contains("s3cret") && !stdout.contains("12345"), "{stdout}");
+}
