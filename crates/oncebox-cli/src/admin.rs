@@ -68,10 +68,23 @@ pub(crate) enum DeadLetterCommand {
     Purge(Selection),
 }
 
-/// Which dead letters a replay or purge applies to: one id, a topic, or all.
+/// Which dead letters a replay or purge applies to, and how.
 #[derive(Debug, clap::Args)]
-#[group(id = "which", required = true, multiple = false, args = ["id", "topic", "all"])]
 pub(crate) struct Selection {
+    #[command(flatten)]
+    which: Which,
+    /// Do not ask for confirmation.
+    #[arg(long, short)]
+    yes: bool,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One id, a topic, or all: exactly one of them.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct Which {
     /// The dead letter of this message id.
     id: Option<String>,
     /// Every dead letter of this topic.
@@ -80,12 +93,6 @@ pub(crate) struct Selection {
     /// Every dead letter.
     #[arg(long)]
     all: bool,
-    /// Do not ask for confirmation.
-    #[arg(long, short)]
-    yes: bool,
-    /// One JSON object on stdout.
-    #[arg(long)]
-    json: bool,
 }
 
 /// `oncebox inbox …`.
@@ -229,7 +236,7 @@ where
     F: FnOnce(&'a A, DeadLetterSelection) -> Fut,
     Fut: std::future::Future<Output = oncebox::Result<Vec<MessageId>>>,
 {
-    let which = match (&selection.id, &selection.topic) {
+    let which = match (&selection.which.id, &selection.which.topic) {
         (Some(id), _) => DeadLetterSelection::One(parse_id(id)?),
         (None, Some(topic)) => DeadLetterSelection::Topic(topic.clone()),
         (None, None) => DeadLetterSelection::All,

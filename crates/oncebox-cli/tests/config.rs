@@ -31,18 +31,37 @@ fn refused(dir: &Path, config: &Path, env: &[(&str, &str)], needle: &str) -> Str
         .output()
         .expect("the oncebox binary runs");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{needle}: status {:?}, stderr: {stderr}", out.status);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{needle}: one line, not: {stderr}");
-    assert!(stderr.contains(needle), "{needle}: the line names it: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{needle}: status {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{needle}: one line, not: {stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "{needle}: the line names it: {stderr}"
+    );
     assert!(out.stdout.is_empty(), "{needle}: nothing on stdout");
-    assert!(!dir.join("never.db").exists(), "{needle}: no database file created");
+    assert!(
+        !dir.join("never.db").exists(),
+        "{needle}: no database file created"
+    );
     stderr
 }
 
 #[test]
 fn an_unknown_key_is_named() {
     let dir = tempfile::tempdir().expect("a directory");
-    let config = config(dir.path(), "redis://127.0.0.1:6379", "[relay]\nbatchsize = 10");
+    let config = config(
+        dir.path(),
+        "redis://127.0.0.1:6379",
+        "[relay]\nbatchsize = 10",
+    );
     let line = refused(dir.path(), &config, &[], "relay.batchsize");
     assert!(line.contains("unknown field"), "{line}");
 }
@@ -50,7 +69,11 @@ fn an_unknown_key_is_named() {
 #[test]
 fn a_value_of_the_wrong_type_is_named() {
     let dir = tempfile::tempdir().expect("a directory");
-    let config = config(dir.path(), "redis://127.0.0.1:6379", "[relay]\nbatch_size = \"many\"");
+    let config = config(
+        dir.path(),
+        "redis://127.0.0.1:6379",
+        "[relay]\nbatch_size = \"many\"",
+    );
     refused(dir.path(), &config, &[], "relay.batch_size");
     let config = support::write_config(
         dir.path(),
@@ -63,7 +86,11 @@ fn a_value_of_the_wrong_type_is_named() {
 #[test]
 fn a_missing_store_url_is_named() {
     let dir = tempfile::tempdir().expect("a directory");
-    let config = write_config(dir.path(), "oncebox.toml", "[broker]\nurl = \"redis://127.0.0.1:6379\"\n");
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        "[broker]\nurl = \"redis://127.0.0.1:6379\"\n",
+    );
     refused(dir.path(), &config, &[], "store.url: missing");
 }
 
@@ -183,19 +210,30 @@ fn an_unusable_listen_address_is_named() {
 fn zero_and_negative_limits_are_named() {
     let dir = tempfile::tempdir().expect("a directory");
     for (extra, key) in [
-        ("[relay]\nbatch_size = 0", "relay.batch_size: must be at least 1"),
+        (
+            "[relay]\nbatch_size = 0",
+            "relay.batch_size: must be at least 1",
+        ),
         ("[relay]\nworkers = -2", "relay.workers: must be at least 1"),
         ("[relay]\nmax_attempts = 0", "relay.max_attempts"),
         ("[relay]\nlease = \"0s\"", "relay.lease: must be above zero"),
         ("[receive]\nlanes = -1", "receive.lanes"),
-        ("[relay]\npublish_timeout = \"40s\"\nlease = \"30s\"", "relay.publish_timeout"),
+        (
+            "[relay]\npublish_timeout = \"40s\"\nlease = \"30s\"",
+            "relay.publish_timeout",
+        ),
     ] {
         let config = config_with(dir.path(), extra);
         refused(dir.path(), &config, &[], key);
     }
     // The environment is checked the same way, and named by its key.
     let config = config_with(dir.path(), "");
-    refused(dir.path(), &config, &[("ONCEBOX_RELAY__CONCURRENCY", "0")], "relay.concurrency");
+    refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_RELAY__CONCURRENCY", "0")],
+        "relay.concurrency",
+    );
 }
 
 #[test]
@@ -209,7 +247,10 @@ fn a_password_in_a_url_is_refused_without_being_shown() {
     let line = refused(
         dir.path(),
         &config,
-        &[("ONCEBOX_BROKER__URL", "amqp://guest:hunter2secret@127.0.0.1:5672/%2f")],
+        &[(
+            "ONCEBOX_BROKER__URL",
+            "amqp://guest:hunter2secret@127.0.0.1:5672/%2f",
+        )],
         "broker.url",
     );
     assert!(!line.contains("hunter2secret"), "{line}");
@@ -245,13 +286,28 @@ fn config_check_merges_sources_and_hides_secrets() {
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let merged: toml::Table = stdout.parse().expect("TOML");
-    assert_eq!(merged["relay"]["batch_size"].as_integer(), Some(20), "the environment wins over the file");
+    assert_eq!(
+        merged["relay"]["batch_size"].as_integer(),
+        Some(20),
+        "the environment wins over the file"
+    );
     assert_eq!(merged["relay"]["workers"].as_integer(), Some(2));
-    assert_eq!(merged["broker"]["url"].as_str(), Some("nats://nats:4222"), "flags win");
+    assert_eq!(
+        merged["broker"]["url"].as_str(),
+        Some("nats://nats:4222"),
+        "flags win"
+    );
     assert_eq!(merged["topics"]["orders"].as_str(), Some("shop.orders.v1"));
     assert_eq!(merged["store"]["password"].as_str(), Some("<hidden>"));
     assert_eq!(merged["broker"]["password"].as_str(), Some("<hidden>"));
-    assert!(!stdout.contains("s3cret") && !stdout.contains("12345"), "{stdout}");
+    assert!(
+        !stdout.contains("s3cret") && !stdout.contains("12345"),
+        "{stdout}"
+    );
 }
