@@ -138,6 +138,7 @@
 //! - [`guide::guarantees`]: what oncebox promises and how each promise is kept.
 //! - [`guide::natural_idempotency`]: making the effect itself idempotent in SQL
 //!   (PostgreSQL, MySQL/MariaDB), and the version-number strategy.
+//! - [`guide::metrics`]: every metric the engines report, through the `metrics` facade.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use oncebox_core::*;
@@ -186,4 +187,6 @@ pub mod guide {
     pub mod guarantees {}
     #[doc = include_str!("docs/natural_idempotency.md")]
     pub mod natural_idempotency {}
+    #[doc = include_str!("docs/metrics.md")]
+    pub mod metrics {}
 }

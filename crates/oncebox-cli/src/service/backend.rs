@@ -473,17 +473,19 @@ impl Broker {
     pub(crate) async fn subscriber(&self, topic: &str, group: &str) -> Result<AnySubscriber> {
         Ok(match self {
             #[cfg(feature = "nats")]
-            Self::Nats(transport) => AnySubscriber::Nats(transport.subscriber(topic, group).await?),
+            Self::Nats(transport) => {
+                AnySubscriber::Nats(Box::new(transport.subscriber(topic, group).await?))
+            }
             #[cfg(feature = "rabbitmq")]
-            Self::RabbitMq(options) => AnySubscriber::RabbitMq(
+            Self::RabbitMq(options) => AnySubscriber::RabbitMq(Box::new(
                 oncebox::rabbitmq::RabbitSubscriber::connect(options, topic, group).await?,
-            ),
+            )),
             #[cfg(feature = "kafka")]
-            Self::Kafka(options) => AnySubscriber::Kafka(
+            Self::Kafka(options) => AnySubscriber::Kafka(Box::new(
                 oncebox::kafka::KafkaSubscriber::subscribe(options.clone(), topic, group).await?,
-            ),
+            )),
             Self::RedisStreams(streams) => {
-                AnySubscriber::RedisStreams(streams.subscribe(topic, group).await?)
+                AnySubscriber::RedisStreams(Box::new(streams.subscribe(topic, group).await?))
             }
         })
     }
@@ -514,15 +516,15 @@ impl Publisher for AnyPublisher {
     }
 }
 
-/// The subscriber of any broker in the build.
+/// The subscriber of any broker in the build (boxed: their sizes differ by kilobytes).
 pub(crate) enum AnySubscriber {
     #[cfg(feature = "nats")]
-    Nats(oncebox::nats::JetStreamSubscriber),
+    Nats(Box<oncebox::nats::JetStreamSubscriber>),
     #[cfg(feature = "rabbitmq")]
-    RabbitMq(oncebox::rabbitmq::RabbitSubscriber),
+    RabbitMq(Box<oncebox::rabbitmq::RabbitSubscriber>),
     #[cfg(feature = "kafka")]
-    Kafka(oncebox::kafka::KafkaSubscriber),
-    RedisStreams(oncebox::redis::RedisStreamSubscriber),
+    Kafka(Box<oncebox::kafka::KafkaSubscriber>),
+    RedisStreams(Box<oncebox::redis::RedisStreamSubscriber>),
 }
 
 impl Subscriber for AnySubscriber {

@@ -64,7 +64,7 @@ pub struct SpoolHealth {
 impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// A spool delivering `store`'s rows into `sink`.
     ///
-    /// Its metrics (see the `oncebox` crate docs, "Metrics") go to the recorder
+    /// Its metrics (the `oncebox` crate's guide, `oncebox::guide::metrics`) go to the recorder
     /// installed when it is built.
     ///
     /// # Errors
