@@ -260,3 +260,92 @@ async fn replay_purge_and_publish(dir: &Path, config: &Path, prefix: &str) {
     );
     let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut redis).await;
 }
+
+/// `migrate --print` gives the SQL for a team's own migration tool (applied here with
+/// psql, after which the admin commands work on the schema), and `inbox purge` deletes a
+/// consumer's records older than the duration, never inside the dedup window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn printed_migrations_apply_and_inbox_purge_keeps_the_dedup_window() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let schema = support::unique("admin_print");
+    let config = config(
+        dir.path(),
+        &support::pg_url(),
+        &format!("schema = \"{schema}\""),
+        &schema,
+    );
+    let sql = run_ok(&config, &["migrate", "--print"]);
+    assert!(
+        sql.contains(&format!("CREATE TABLE IF NOT EXISTS \"{schema}\".outbox")),
+        "{sql}"
+    );
+    let script = dir.path().join("schema.sql");
+    std::fs::write(&script, &sql).expect("written");
+    let applied = std::process::Command::new("psql")
+        .arg(support::pg_url())
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(&script)
+        .output()
+        .expect("psql runs");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    assert_eq!(
+        json(&run_ok(&config, &["outbox", "stats", "--json"]))["pending"],
+        0
+    );
+
+    // Records of `billing`: three old and two young transactional-inbox records; two
+    // old and one young processed durable-inbox rows, and an old one still pending;
+    // and an old record of another consumer.
+    support::psql(&format!(
+        "INSERT INTO {schema}.inbox (consumer, message_id, processed_at)
+         SELECT 'billing', 'old-' || n, now() - interval '40 days' FROM generate_series(1, 3) AS n
+         UNION ALL SELECT 'billing', 'young-' || n, now() FROM generate_series(1, 2) AS n
+         UNION ALL SELECT 'shipping', 'old', now() - interval '40 days';
+         INSERT INTO {schema}.durable_inbox (consumer, dedup_id, topic, payload, source, position, status, done_at, received_at)
+         SELECT 'billing', 'd' || n, 'orders', '\\x00', 'test', n::text,
+                CASE WHEN n = 4 THEN 'pending' ELSE 'done' END,
+                CASE WHEN n = 4 THEN NULL WHEN n = 3 THEN now() ELSE now() - interval '40 days' END,
+                now() - interval '40 days'
+         FROM generate_series(1, 4) AS n"
+    ));
+    let inside = run(
+        &config,
+        &[
+            "inbox",
+            "purge",
+            "--older-than",
+            "1d",
+            "--consumer",
+            "billing",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&inside.stderr);
+    assert_eq!(inside.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("dedup window"), "{stderr}");
+
+    let purged = json(&run_ok(
+        &config,
+        &[
+            "inbox",
+            "purge",
+            "--older-than",
+            "30d",
+            "--consumer",
+            "billing",
+            "--json",
+        ],
+    ));
+    assert_eq!(purged["deleted"], 5, "{purged}");
+    let left = support::psql(&format!(
+        "SELECT (SELECT count(*) FROM {schema}.inbox) || ' ' || (SELECT count(*) FROM {schema}.durable_inbox)"
+    ));
+    assert_eq!(
+        left, "3 2",
+        "the young records, the other consumer's and the pending row stay"
+    );
+    support::psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}

@@ -31,8 +31,14 @@ fn number(report: &Value, field: &str) -> f64 {
         .unwrap_or_else(|| panic!("{field} missing or not a number: {report}"))
 }
 
-/// Checks the fields shared by the throughput benchmarks (relay, consumer).
+/// Checks the fields shared by the throughput benchmarks (relay, consumer): the relay's
+/// rounds also run the engine with a Prometheus recorder (`metered`), after the engine.
 fn check_comparison(report: &Value, messages: u64, rounds: usize) {
+    let sides: &[&str] = if report["bench"] == "relay" {
+        &["baseline", "engine", "metered"]
+    } else {
+        &["baseline", "engine"]
+    };
     assert!(number(report, "msgs_per_s") > 0.0, "{report}");
     assert!(number(report, "baseline_msgs_per_s") > 0.0, "{report}");
     let ratio = number(report, "ratio");
@@ -41,9 +47,9 @@ fn check_comparison(report: &Value, messages: u64, rounds: usize) {
     assert!((ratio - expected).abs() < 1e-9, "{report}");
     assert_eq!(report["messages"].as_u64(), Some(messages), "{report}");
     let runs = report["runs"].as_array().expect("runs is an array");
-    assert_eq!(runs.len(), 2 * rounds, "{report}");
+    assert_eq!(runs.len(), sides.len() * rounds, "{report}");
     for (i, run) in runs.iter().enumerate() {
-        let side = if i % 2 == 0 { "baseline" } else { "engine" };
+        let side = sides[i % sides.len()];
         assert_eq!(
             run["side"], side,
             "runs alternate, baseline first: {report}"
@@ -64,6 +70,18 @@ fn check_comparison(report: &Value, messages: u64, rounds: usize) {
         number(report, "baseline_msgs_per_s"),
         "{report}"
     );
+    if report["bench"] == "relay" {
+        assert_eq!(
+            best("metered"),
+            number(report, "metered_msgs_per_s"),
+            "{report}"
+        );
+        let expected = number(report, "metered_msgs_per_s") / number(report, "msgs_per_s");
+        assert!(
+            (number(report, "metrics_ratio") - expected).abs() < 1e-9,
+            "{report}"
+        );
+    }
 }
 
 fn check_latency(report: &Value, wake: &str, rate: u64, seconds: u64) {

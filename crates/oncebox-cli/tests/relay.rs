@@ -521,3 +521,163 @@ poll_max = "200ms"
         .query_async(&mut redis)
         .await;
 }
+
+/// Enqueues `count` messages on `topic` with key `key` in the SQLite outbox at `db`,
+/// with the library.
+async fn enqueue_sqlite(db: &std::path::Path, topic: &str, key: &str, count: usize) {
+    let store = oncebox::sqlite::SqliteStore::connect(db)
+        .await
+        .expect("the database opens");
+    let mut tx = store.pool().begin().await.expect("a transaction");
+    for n in 0..count {
+        let message = oncebox::Message::new(topic, format!(r#"{{"order_id":"{key}-{}"}}"#, n + 1))
+            .with_key(key);
+        store
+            .outbox()
+            .enqueue(&mut tx, &message)
+            .await
+            .expect("enqueued");
+    }
+    tx.commit().await.expect("committed");
+    store.pool().close().await;
+}
+
+async fn stream_length(key: &str) -> u64 {
+    let mut redis = redis::Client::open(support::redis_url())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    redis::cmd("XLEN")
+        .arg(key)
+        .query_async(&mut redis)
+        .await
+        .expect("XLEN")
+}
+
+async fn delete_streams(keys: &[String]) {
+    let mut redis = redis::Client::open(support::redis_url())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut redis).await;
+}
+
+/// `[topics]` sends an outbox topic to the destination it names; other topics keep
+/// their name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_go_to_the_destinations_the_configuration_names() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("shop.db");
+    let prefix = format!("{}:", support::unique("relay_topics"));
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            "[store]\nurl = \"sqlite://{db}\"\n\n[broker]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\n[topics]\norders = \"shop-orders-v1\"\n",
+            db = db.display(),
+            redis = support::redis_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    enqueue_sqlite(&db, "orders", "c0", 10).await;
+    enqueue_sqlite(&db, "payments", "c0", 1).await;
+    let mut relay = Service::start(dir.path(), "relay", &config, &["relay"]);
+    wait_for("11 published", Duration::from_secs(30), || {
+        let stats = run_ok(&config, &["outbox", "stats", "--json"]);
+        stats.contains("\"published\":11").then_some(())
+    });
+    relay.stop_cleanly(STOP);
+    let keys = ["shop-orders-v1", "orders", "payments"].map(|topic| format!("{prefix}{topic}"));
+    let lengths = [
+        stream_length(&keys[0]).await,
+        stream_length(&keys[1]).await,
+        stream_length(&keys[2]).await,
+    ];
+    assert_eq!(
+        lengths,
+        [10, 0, 1],
+        "mapped, not under its own name, unmapped"
+    );
+    delete_streams(&keys).await;
+}
+
+/// A stop that cannot finish (the broker stopped answering in the middle of a publish)
+/// ends at `stop_timeout` with status 3, and a second signal ends a stop at once, also
+/// with status 3; what they left unsettled is published after its lease by the next
+/// relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("shop.db");
+    let prefix = format!("{}:", support::unique("relay_stop"));
+    let proxy = support::Proxy::start(support::address(&support::redis_url(), 6379)).await;
+    let config_with = |stop: &str| {
+        write_config(
+            dir.path(),
+            &format!("oncebox-{stop}.toml"),
+            &format!(
+                "[store]\nurl = \"sqlite://{db}\"\n\n[broker]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\n\
+                 [relay]\nstop_timeout = \"{stop}\"\nlease = \"8s\"\npublish_timeout = \"6s\"\npoll_max = \"100ms\"\n",
+                db = db.display(),
+                redis = support::through(&support::redis_url(), proxy.port),
+            ),
+        )
+    };
+    let short = config_with("1s");
+    let long = config_with("60s");
+    run_ok(&short, &["migrate"]);
+
+    // The deadline.
+    let mut relay = Service::start(dir.path(), "relay-1", &short, &["relay"]);
+    relay.wait_ready(Duration::from_secs(30));
+    proxy.stall();
+    enqueue_sqlite(&db, "orders", "c0", 5).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let signalled = std::time::Instant::now();
+    relay.terminate();
+    let status = relay.wait(Duration::from_secs(4)).expect("the relay exits");
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "cut short at the deadline:\n{}",
+        relay.log()
+    );
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(1),
+        "not before the deadline"
+    );
+    proxy.restore();
+
+    // The second signal.
+    let mut relay = Service::start(dir.path(), "relay-2", &long, &["relay"]);
+    relay.wait_ready(Duration::from_secs(30));
+    proxy.stall();
+    // Another key: c0's rows wait behind the first relay's lease.
+    enqueue_sqlite(&db, "orders", "c1", 5).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    relay.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        relay.wait(Duration::ZERO).is_none(),
+        "the first signal waits for the publish"
+    );
+    let signalled = std::time::Instant::now();
+    relay.terminate();
+    let status = relay
+        .wait(Duration::from_secs(2))
+        .expect("the relay exits at once");
+    assert_eq!(status.code(), Some(3), "{}", relay.log());
+    assert!(signalled.elapsed() < Duration::from_secs(2));
+    proxy.restore();
+
+    // Nothing was lost: the next relay publishes all ten after their leases.
+    let mut relay = Service::start(dir.path(), "relay-3", &long, &["relay"]);
+    wait_for("all ten published", Duration::from_secs(30), || {
+        let stats = run_ok(&long, &["outbox", "stats", "--json"]);
+        stats.contains("\"published\":10").then_some(())
+    });
+    relay.stop_cleanly(STOP);
+    delete_streams(&[format!("{prefix}orders")]).await;
+}

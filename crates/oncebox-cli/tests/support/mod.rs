@@ -385,6 +385,7 @@ pub struct Proxy {
     /// The port to connect to instead of the target's.
     pub port: u16,
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -398,20 +399,27 @@ impl Proxy {
             .expect("the proxy listens");
         let port = listener.local_addr().expect("an address").port();
         let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let connections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let accept = {
             let open = open.clone();
+            let stalled = stalled.clone();
             let connections = connections.clone();
             tokio::spawn(async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
+                while let Ok((inbound, _)) = listener.accept().await {
                     if !open.load(Ordering::SeqCst) {
                         continue; // dropped: refused
                     }
                     let target = target.clone();
+                    let stalled = stalled.clone();
                     let task = tokio::spawn(async move {
-                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        if let Ok(outbound) = tokio::net::TcpStream::connect(&target).await {
+                            let (in_read, in_write) = inbound.into_split();
+                            let (out_read, out_write) = outbound.into_split();
+                            tokio::join!(
+                                pump(in_read, out_write, stalled.clone()),
+                                pump(out_read, in_write, stalled)
+                            );
                         }
                     });
                     connections
@@ -424,9 +432,17 @@ impl Proxy {
         Self {
             port,
             open,
+            stalled,
             connections,
             accept,
         }
+    }
+
+    /// Keeps connections open but forwards nothing until [`restore`](Self::restore): a
+    /// peer that stopped answering.
+    pub fn stall(&self) {
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Drops every connection and refuses new ones.
@@ -437,9 +453,36 @@ impl Proxy {
         }
     }
 
-    /// Accepts connections again.
+    /// Accepts and forwards again.
     pub fn restore(&self) {
+        self.stalled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, holding what it read while `stalled`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(read) = from.read(&mut buffer).await else {
+            return;
+        };
+        if read == 0 {
+            let _ = to.shutdown().await;
+            return;
+        }
+        while stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
     }
 }
 
