@@ -5,18 +5,17 @@
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use oncebox::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use oncebox::postgres::sqlx::postgres::PgConnectOptions;
 use oncebox::postgres::{DebeziumLayout, PgStore};
 use oncebox::spool::{
     Backlog, ClaimRequest, Claimed, DeadLetter, LeaseToken, OutboxAdmin, OutboxRow, OutboxStats,
     Settlement, SpoolStore,
 };
 use oncebox::sqlite::SqliteStore;
-use oncebox::sqlite::sqlx::sqlite::SqlitePoolOptions;
 use oncebox::store::InboxStore;
 use oncebox::{Delivery, Message, MessageId, Publisher, Received, Result, Subscriber};
 
-use crate::config::{BrokerKind, Config, ConfigError, Layout, StoreKind};
+use crate::config::{BrokerKind, Config, ConfigError, Layout, Secret, StoreKind};
 
 /// A connected database.
 pub(crate) enum Database {
@@ -44,22 +43,18 @@ impl Database {
 
     async fn open(config: &Config, create: bool) -> std::result::Result<Self, ConfigError> {
         let url = config.store_url()?;
-        let timeout = config.store.connect_timeout.get();
-        let pool_size = config.store.pool_size;
         let unreachable = |error: &dyn std::fmt::Display| {
             ConfigError::key(
                 "store.url",
                 format!("cannot connect to {}: {error}", url.as_str()),
             )
         };
+        let password = config.store.password.as_ref().map(Secret::expose);
         match url.kind() {
             StoreKind::Sqlite => {
-                let path = url.sqlite_path();
-                let options = SqliteStore::default_connect_options(path).create_if_missing(create);
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(pool_size)
-                    .acquire_timeout(timeout)
-                    .connect_with(options)
+                let options = SqliteStore::default_connect_options(url.sqlite_path())
+                    .create_if_missing(create);
+                let pool = pool(config, options)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 Ok(Self::Sqlite(SqliteStore::from_pool(pool)))
@@ -67,14 +62,10 @@ impl Database {
             StoreKind::Postgres => {
                 let mut options = PgConnectOptions::from_str(url.as_str())
                     .map_err(|error| unreachable(&error))?;
-                if let Some(password) = &config.store.password {
-                    options = options.password(password.expose());
+                if let Some(password) = password {
+                    options = options.password(password);
                 }
-                let pool = PgPoolOptions::new()
-                    .max_connections(pool_size)
-                    .acquire_timeout(timeout)
-                    .test_before_acquire(false)
-                    .connect_with(options)
+                let pool = pool(config, options)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 let store = PgStore::from_pool(pool)
@@ -84,17 +75,13 @@ impl Database {
             }
             #[cfg(feature = "mysql")]
             StoreKind::Mysql => {
-                use oncebox::mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+                use oncebox::mysql::sqlx::mysql::MySqlConnectOptions;
                 let mut options = MySqlConnectOptions::from_str(url.as_str())
                     .map_err(|error| unreachable(&error))?;
-                if let Some(password) = &config.store.password {
-                    options = options.password(password.expose());
+                if let Some(password) = password {
+                    options = options.password(password);
                 }
-                let pool = MySqlPoolOptions::new()
-                    .max_connections(pool_size)
-                    .acquire_timeout(timeout)
-                    .test_before_acquire(false)
-                    .connect_with(options)
+                let pool = pool(config, options)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 Ok(Self::Mysql(oncebox::mysql::MySqlStore::from_pool(pool)))
@@ -209,6 +196,21 @@ impl Database {
             Err(_) => Err(format!("the store does not answer within {timeout:?}")),
         }
     }
+}
+
+/// A pool of `store.pool_size` connections made with `options`, waiting at most
+/// `store.connect_timeout` for one. No ping before each checkout: a connection that died
+/// fails its statement, which the engines retry.
+async fn pool<DB: sqlx::Database>(
+    config: &Config,
+    options: <DB::Connection as sqlx::Connection>::Options,
+) -> std::result::Result<sqlx::Pool<DB>, sqlx::Error> {
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(config.store.pool_size)
+        .acquire_timeout(config.store.connect_timeout.get())
+        .test_before_acquire(false)
+        .connect_with(options)
+        .await
 }
 
 fn debezium_layout(config: &Config) -> DebeziumLayout {

@@ -13,3 +13,47 @@ mod stop;
 
 pub(crate) use receive::{ReceiveArgs, receive};
 pub(crate) use relay::relay;
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use backend::{Broker, Database};
+
+/// What both services start with, in the order that keeps a bad start harmless: the
+/// listen address bound (an unusable one is a configuration error before anything
+/// connects), the recorder installed (before the engines register their metrics), then
+/// the store and the broker connected (either unreachable: a configuration error).
+struct Started {
+    listener: Option<TcpListener>,
+    metrics: PrometheusHandle,
+    database: Arc<Database>,
+    broker: Arc<Broker>,
+}
+
+impl Started {
+    async fn new(config: &Config) -> anyhow::Result<Self> {
+        let listener = match config.http.address()? {
+            Some(address) => Some(http::bind(address).await?),
+            None => None,
+        };
+        let metrics = http::install_recorder()?;
+        let database = Arc::new(Database::connect(config).await?);
+        let broker = Arc::new(Broker::connect(config).await?);
+        Ok(Self {
+            listener,
+            metrics,
+            database,
+            broker,
+        })
+    }
+
+    /// Serves the HTTP endpoint, if one is configured, with `ready` behind `/readyz`.
+    fn serve(&mut self, ready: http::ReadinessCheck) {
+        if let Some(listener) = self.listener.take() {
+            http::serve(listener, self.metrics.clone(), ready);
+        }
+    }
+}

@@ -12,8 +12,9 @@ use oncebox::spool::SpoolStore;
 use oncebox::store::DurableInboxStore;
 use tokio::sync::watch;
 
+use super::Started;
 use super::backend::{AnySubscriber, Broker, Database};
-use super::http::{self, ReadinessCheck};
+use super::http::ReadinessCheck;
 use super::stop::{self, Signals};
 use crate::config::{Config, ConfigError};
 
@@ -57,20 +58,13 @@ pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Resu
     options
         .validate()
         .map_err(|error| ConfigError::key("receive", error))?;
-    let listener = match config.http.address()? {
-        Some(address) => Some(http::bind(address).await?),
-        None => None,
-    };
-    let metrics = http::install_recorder()?;
-    let database = Arc::new(Database::connect(config).await?);
-    let broker = Arc::new(Broker::connect(config).await?);
+    let mut started = Started::new(config).await?;
+    let (database, broker) = (Arc::clone(&started.database), Arc::clone(&started.broker));
     let subscriber = broker
         .subscriber(&topic, &consumer)
         .await
         .with_context(|| format!("cannot subscribe to {topic} as {consumer}"))?;
-    if let Some(listener) = listener {
-        http::serve(listener, metrics, readiness(&database, &broker));
-    }
+    started.serve(readiness(&database, &broker));
     tracing::info!(
         store = database.kind(),
         broker = broker.kind(),

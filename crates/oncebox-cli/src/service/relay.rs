@@ -10,8 +10,9 @@ use oncebox::spool::{Relay, SpoolOptions};
 use oncebox::{Backoff, Message, Publisher, Result};
 use tokio::sync::watch;
 
+use super::Started;
 use super::backend::{AnyOutbox, AnyPublisher, Broker, Database};
-use super::http::{self, ReadinessCheck};
+use super::http::ReadinessCheck;
 use super::stop::{self, Signals};
 use crate::config::Config;
 
@@ -21,13 +22,8 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Runs `oncebox relay` on `config` until a signal stops it.
 pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
     let signals = Signals::listen().context("cannot listen to SIGTERM and SIGINT")?;
-    let listener = match config.http.address()? {
-        Some(address) => Some(http::bind(address).await?),
-        None => None,
-    };
-    let metrics = http::install_recorder()?;
-    let database = Arc::new(Database::connect(config).await?);
-    let broker = Arc::new(Broker::connect(config).await?);
+    let mut started = Started::new(config).await?;
+    let (database, broker) = (Arc::clone(&started.database), Arc::clone(&started.broker));
     let outbox = database.outbox(config)?;
     let publisher = Arc::new(TopicMap::new(
         broker
@@ -42,13 +38,7 @@ pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
         .collect::<Result<Vec<_>>>()
         .context("relay settings")?;
 
-    if let Some(listener) = listener {
-        http::serve(
-            listener,
-            metrics,
-            readiness(config, &database, &broker, &relays),
-        );
-    }
+    started.serve(readiness(config, &database, &broker, &relays));
     tracing::info!(
         store = database.kind(),
         broker = broker.kind(),

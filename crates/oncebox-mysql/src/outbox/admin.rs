@@ -107,22 +107,7 @@ impl MySqlOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        let row = query(&SQL.stats)
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        let count = |column: &str| -> Result<u64> {
-            let n: i64 = row.try_get(column).map_err(store_error)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
-        Ok(OutboxStats {
-            pending: count("pending")?,
-            done: count("done")?,
-            dead: count("dead")?,
-            oldest_pending_age: oldest
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-        })
+        self.counts(&SQL.stats, true).await
     }
 
     /// The first `limit` dead letters, in commit order.
@@ -247,7 +232,13 @@ impl MySqlOutbox {
     /// The backlog: [`stats`](Self::stats) without the count of published rows, which
     /// grows with retention.
     pub(super) async fn read_backlog(&self) -> Result<Backlog> {
-        let row = query(&SQL.backlog)
+        self.counts(&SQL.backlog, false).await.map(Backlog::from)
+    }
+
+    /// Reads the counts of `sql`'s one row: `pending`, `dead`, `done` if `with_done`,
+    /// and the oldest pending row's age in `oldest_pending_ms`.
+    async fn counts(&self, sql: &'static str, with_done: bool) -> Result<OutboxStats> {
+        let row = query(sql)
             .fetch_one(self.pool())
             .await
             .map_err(store_error)?;
@@ -256,8 +247,9 @@ impl MySqlOutbox {
             Ok(u64::try_from(n).unwrap_or(0))
         };
         let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
-        Ok(Backlog {
+        Ok(OutboxStats {
             pending: count("pending")?,
+            done: if with_done { count("done")? } else { 0 },
             dead: count("dead")?,
             oldest_pending_age: oldest
                 .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),

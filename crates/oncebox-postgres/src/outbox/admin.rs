@@ -24,21 +24,7 @@ impl PgOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        let row = query(&self.sql().stats)
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        let count = |column: &str| -> Result<u64> {
-            let n: i64 = row.try_get(column).map_err(store_error)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        let oldest: Option<i64> = row.try_get("oldest_pending_us").map_err(store_error)?;
-        Ok(OutboxStats {
-            pending: count("pending")?,
-            done: count("done")?,
-            dead: count("dead")?,
-            oldest_pending_age: oldest.map(micros_duration),
-        })
+        self.counts(&self.sql().stats, true).await
     }
 
     /// The first `limit` dead letters, in commit order.
@@ -150,7 +136,15 @@ impl PgOutbox {
     /// The backlog: [`stats`](Self::stats) without the count of published rows, which
     /// grows with retention.
     pub(super) async fn read_backlog(&self) -> Result<Backlog> {
-        let row = query(&self.sql().backlog)
+        self.counts(&self.sql().backlog, false)
+            .await
+            .map(Backlog::from)
+    }
+
+    /// Reads the counts of `sql`'s one row: `pending`, `dead`, `done` if `with_done`,
+    /// and the oldest pending row's age in `oldest_pending_us`.
+    async fn counts(&self, sql: &std::sync::Arc<str>, with_done: bool) -> Result<OutboxStats> {
+        let row = query(sql)
             .fetch_one(self.pool())
             .await
             .map_err(store_error)?;
@@ -159,8 +153,9 @@ impl PgOutbox {
             Ok(u64::try_from(n).unwrap_or(0))
         };
         let oldest: Option<i64> = row.try_get("oldest_pending_us").map_err(store_error)?;
-        Ok(Backlog {
+        Ok(OutboxStats {
             pending: count("pending")?,
+            done: if with_done { count("done")? } else { 0 },
             dead: count("dead")?,
             oldest_pending_age: oldest.map(micros_duration),
         })
