@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 use oncebox::spool::{
     DeadLetter, DeadLetterSelection, OutboxAdmin, OutboxRow, OutboxStats, RowStatus,
-    purge_dead_letters, replay_dead_letters, select_dead_letters,
+    select_dead_letters,
 };
 use oncebox::{Message, MessageId};
 use serde_json::{Value, json};
@@ -209,53 +209,64 @@ pub(crate) async fn dead_letters(
             Ok(ExitCode::SUCCESS)
         }
         DeadLetterCommand::Replay(selection) => {
-            apply(&outbox, &selection, "replay", |outbox, which| async move {
-                replay_dead_letters(outbox, &which).await
-            })
-            .await
+            apply(&outbox, &selection, "replay", |id| outbox.replay_dead(id)).await
         }
         DeadLetterCommand::Purge(selection) => {
-            apply(&outbox, &selection, "purge", |outbox, which| async move {
-                purge_dead_letters(outbox, &which).await
-            })
-            .await
+            apply(&outbox, &selection, "purge", |id| outbox.purge_dead(id)).await
         }
     }
 }
 
-/// Counts what `selection` names, asks for confirmation (unless `--yes`), then runs
-/// `operation` and reports the ids it applied to.
-async fn apply<'a, A, F, Fut>(
-    outbox: &'a A,
+/// Finds the dead letters `selection` names, asks to confirm their count (unless
+/// `--yes`), then runs `operation` on exactly those, by id (a letter that died in the
+/// meantime is not touched), and reports the ids it applied to.
+async fn apply<A, F, Fut>(
+    outbox: &A,
     selection: &Selection,
     verb: &str,
     operation: F,
 ) -> anyhow::Result<ExitCode>
 where
     A: OutboxAdmin,
-    F: FnOnce(&'a A, DeadLetterSelection) -> Fut,
-    Fut: std::future::Future<Output = oncebox::Result<Vec<MessageId>>>,
+    F: Fn(MessageId) -> Fut,
+    Fut: std::future::Future<Output = oncebox::Result<bool>>,
 {
     let which = match (&selection.which.id, &selection.which.topic) {
         (Some(id), _) => DeadLetterSelection::One(parse_id(id)?),
         (None, Some(topic)) => DeadLetterSelection::Topic(topic.clone()),
         (None, None) => DeadLetterSelection::All,
     };
-    if !selection.yes {
-        let count = select_dead_letters(outbox, &which, usize::MAX).await?.len();
-        if count == 0 {
-            report_applied(verb, &[], selection.json);
-            return Ok(ExitCode::SUCCESS);
-        }
-        if !confirm(&format!(
-            "{verb} {count} dead letter(s) ({})?",
+    let ids: Vec<MessageId> = match &which {
+        DeadLetterSelection::One(id) => match outbox.row(*id).await? {
+            Some(row) if row.state.status == RowStatus::Dead => vec![*id],
+            _ => Vec::new(),
+        },
+        _ => select_dead_letters(outbox, &which, usize::MAX)
+            .await?
+            .iter()
+            .map(|letter| letter.id)
+            .collect(),
+    };
+    if ids.is_empty() {
+        report_applied(verb, &[], selection.json);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !selection.yes
+        && !confirm(&format!(
+            "{verb} {} dead letter(s) ({})?",
+            ids.len(),
             describe(&which)
-        ))? {
-            eprintln!("oncebox: nothing done");
-            return Ok(ExitCode::FAILURE);
+        ))?
+    {
+        eprintln!("oncebox: nothing done");
+        return Ok(ExitCode::FAILURE);
+    }
+    let mut applied = Vec::with_capacity(ids.len());
+    for id in ids {
+        if operation(id).await? {
+            applied.push(id);
         }
     }
-    let applied = operation(outbox, which).await?;
     report_applied(verb, &applied, selection.json);
     Ok(ExitCode::SUCCESS)
 }
@@ -317,7 +328,7 @@ pub(crate) async fn inbox(config: &Config, command: InboxCommand) -> anyhow::Res
     }
     let consumer = consumer.unwrap_or_else(|| config.receive.consumer.clone());
     let database = Database::connect(config).await?;
-    let before = SystemTime::now() - older_than.get();
+    let before = oncebox::time::ago(older_than.get());
     let deleted = database.purge_inbox(&consumer, before).await?;
     if json {
         println!("{}", json!({ "consumer": consumer, "deleted": deleted }));

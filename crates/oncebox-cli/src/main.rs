@@ -13,7 +13,8 @@
 //!
 //! Exit status: 0 on success, 1 when the work failed, 2 when the configuration cannot
 //! work (a bad key, an unreachable store or broker, an unusable listen address), with
-//! one line on stderr naming the key or the cause.
+//! one line on stderr naming the key or the cause; 3 when a service's stop was cut short
+//! by its deadline or a second signal.
 
 mod admin;
 mod bench;
@@ -153,7 +154,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // A stop cut short leaves work on blocking threads (a Kafka client's flush): exit
+    // without waiting for it.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
         Ok(code) => code,
         Err(Failure::Config(error)) => {
             eprintln!("oncebox: configuration: {error}");

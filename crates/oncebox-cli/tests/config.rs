@@ -311,3 +311,72 @@ fn config_check_merges_sources_and_hides_secrets() {
         "{stdout}"
     );
 }
+
+#[test]
+fn settings_that_contradict_each_other_are_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    for (extra, key) in [
+        (
+            "[relay]\nretry_initial = \"10s\"\nretry_max = \"1s\"",
+            "relay.retry_max",
+        ),
+        ("[relay]\nworkers = 8", "store.pool_size"),
+    ] {
+        let config = config_with(dir.path(), extra);
+        refused(dir.path(), &config, &[], key);
+    }
+}
+
+/// Values from the environment stay text where a key wants text, secrets are read from
+/// `_FILE` variables only, and a key set twice is refused.
+#[test]
+fn the_environment_is_read_as_each_key_wants() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config_with(dir.path(), "");
+    let out = support::oncebox()
+        .arg("--config")
+        .arg(&config)
+        .env("ONCEBOX_RECEIVE__CONSUMER", "42")
+        .env("ONCEBOX_RELAY__BATCH_SIZE", "64")
+        .args(["config", "check"])
+        .output()
+        .expect("runs");
+    let merged: toml::Table = String::from_utf8_lossy(&out.stdout).parse().expect("TOML");
+    assert_eq!(merged["receive"]["consumer"].as_str(), Some("42"));
+    assert_eq!(merged["relay"]["batch_size"].as_integer(), Some(64));
+
+    let line = refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_RELAY__BATCH_SIZE", "many")],
+        "relay.batch_size",
+    );
+    assert!(
+        line.contains("ONCEBOX_RELAY__BATCH_SIZE"),
+        "names the variable: {line}"
+    );
+    let file = dir.path().join("name");
+    std::fs::write(&file, "outbox-2").expect("written");
+    let file = file.to_str().expect("a UTF-8 path");
+    refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_RELAY__NAME_FILE", file)],
+        "only secrets",
+    );
+    refused(
+        dir.path(),
+        &config,
+        &[
+            ("ONCEBOX_STORE__PASSWORD", "a"),
+            ("ONCEBOX_STORE__PASSWORD_FILE", file),
+        ],
+        "set twice",
+    );
+    refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_STORE__PASSWORD_FILE", "/nonexistent/secret")],
+        "cannot read",
+    );
+}

@@ -96,6 +96,7 @@ consumer = "workers"
         .await
         .expect("the stream exists");
     let consumer = "workers_orders";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let info = handle
             .consumer_info(consumer)
@@ -104,6 +105,10 @@ consumer = "workers"
         if info.num_pending == 0 && info.num_ack_pending == 0 {
             break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deliveries still unacked: {info:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(rows(), MESSAGES.to_string(), "one row per message id");
@@ -132,10 +137,11 @@ consumer = "workers"
         })
         .sum();
     assert_eq!(stored, MESSAGES as f64, "stored, counted by both receivers");
-    assert_eq!(
-        duplicates,
-        (MESSAGES * (COPIES - 1)) as f64,
-        "duplicates recognised"
+    // Every copy beyond the first was recognised (a redelivery after an ack timeout on
+    // a loaded host would add more).
+    assert!(
+        duplicates >= (MESSAGES * (COPIES - 1)) as f64,
+        "duplicates recognised: {duplicates}"
     );
     for receiver in &mut receivers {
         receiver.stop_cleanly(Duration::from_secs(10));

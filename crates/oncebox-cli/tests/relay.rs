@@ -466,9 +466,9 @@ poll_max = "200ms"
         most_pending = most_pending.max(pending);
         (pending == 0.0 && published >= ORDERS as f64).then_some((pending, published))
     });
-    assert_eq!(
-        most_pending, ORDERS as f64,
-        "the first reading saw the whole backlog"
+    assert!(
+        most_pending > 0.0,
+        "a reading saw the backlog before it fell to 0"
     );
     assert_eq!((pending, published), (0.0, ORDERS as f64));
     let text = relay.metrics().expect("/metrics answers");
@@ -524,11 +524,12 @@ poll_max = "200ms"
 
 /// Enqueues `count` messages on `topic` with key `key` in the SQLite outbox at `db`,
 /// with the library.
-async fn enqueue_sqlite(db: &std::path::Path, topic: &str, key: &str, count: usize) {
+async fn enqueue_sqlite(db: &std::path::Path, topic: &str, key: &str, count: usize) -> Vec<String> {
     let store = oncebox::sqlite::SqliteStore::connect(db)
         .await
         .expect("the database opens");
     let mut tx = store.pool().begin().await.expect("a transaction");
+    let mut ids = Vec::with_capacity(count);
     for n in 0..count {
         let message = oncebox::Message::new(topic, format!(r#"{{"order_id":"{key}-{}"}}"#, n + 1))
             .with_key(key);
@@ -537,9 +538,11 @@ async fn enqueue_sqlite(db: &std::path::Path, topic: &str, key: &str, count: usi
             .enqueue(&mut tx, &message)
             .await
             .expect("enqueued");
+        ids.push(message.id.to_string());
     }
     tx.commit().await.expect("committed");
     store.pool().close().await;
+    ids
 }
 
 async fn stream_length(key: &str) -> u64 {
@@ -585,8 +588,7 @@ async fn topics_go_to_the_destinations_the_configuration_names() {
     enqueue_sqlite(&db, "payments", "c0", 1).await;
     let mut relay = Service::start(dir.path(), "relay", &config, &["relay"]);
     wait_for("11 published", Duration::from_secs(30), || {
-        let stats = run_ok(&config, &["outbox", "stats", "--json"]);
-        stats.contains("\"published\":11").then_some(())
+        (published(&config) == 11).then_some(())
     });
     relay.stop_cleanly(STOP);
     let keys = ["shop-orders-v1", "orders", "payments"].map(|topic| format!("{prefix}{topic}"));
@@ -633,8 +635,8 @@ async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
     let mut relay = Service::start(dir.path(), "relay-1", &short, &["relay"]);
     relay.wait_ready(Duration::from_secs(30));
     proxy.stall();
-    enqueue_sqlite(&db, "orders", "c0", 5).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let ids = enqueue_sqlite(&db, "orders", "c0", 5).await;
+    wait_until_claimed(&short, &ids[0]);
     let signalled = std::time::Instant::now();
     relay.terminate();
     let status = relay.wait(Duration::from_secs(4)).expect("the relay exits");
@@ -655,8 +657,8 @@ async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
     relay.wait_ready(Duration::from_secs(30));
     proxy.stall();
     // Another key: c0's rows wait behind the first relay's lease.
-    enqueue_sqlite(&db, "orders", "c1", 5).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let ids = enqueue_sqlite(&db, "orders", "c1", 5).await;
+    wait_until_claimed(&long, &ids[0]);
     relay.terminate();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -675,9 +677,25 @@ async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
     // Nothing was lost: the next relay publishes all ten after their leases.
     let mut relay = Service::start(dir.path(), "relay-3", &long, &["relay"]);
     wait_for("all ten published", Duration::from_secs(30), || {
-        let stats = run_ok(&long, &["outbox", "stats", "--json"]);
-        stats.contains("\"published\":10").then_some(())
+        (published(&long) == 10).then_some(())
     });
     relay.stop_cleanly(STOP);
     delete_streams(&[format!("{prefix}orders")]).await;
+}
+
+/// Rows published, by `oncebox outbox stats`.
+fn published(config: &std::path::Path) -> u64 {
+    let stats: serde_json::Value =
+        serde_json::from_str(&run_ok(config, &["outbox", "stats", "--json"])).expect("JSON stats");
+    stats["published"].as_u64().expect("a count")
+}
+
+/// Waits until a relay has claimed the row of message `id` (its publish is then under
+/// way), by `oncebox outbox show`.
+fn wait_until_claimed(config: &std::path::Path, id: &str) {
+    wait_for("the row claimed", Duration::from_secs(10), || {
+        let row: serde_json::Value =
+            serde_json::from_str(&run_ok(config, &["outbox", "show", id, "--json"])).ok()?;
+        (!row["leased_until"].is_null()).then_some(())
+    });
 }

@@ -20,6 +20,15 @@ pub fn from_unix_millis(millis: i64) -> SystemTime {
     }
 }
 
+/// The time `age` ago, or the Unix epoch if that lies before it: a cutoff for "older
+/// than `age`" that a configured retention of centuries cannot overflow.
+pub fn ago(age: Duration) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(age)
+        .unwrap_or(UNIX_EPOCH)
+        .max(UNIX_EPOCH)
+}
+
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
 pub fn duration_millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -65,6 +74,8 @@ mod tests {
     #[test]
     fn offsets_from_now() {
         assert_eq!(millis_until(SystemTime::now() - Duration::from_secs(5)), 0);
+        assert_eq!(ago(Duration::from_secs(u64::MAX)), UNIX_EPOCH);
+        assert!(ago(Duration::from_secs(60)) < SystemTime::now());
         let ahead = millis_until(SystemTime::now() + Duration::from_secs(5));
         assert!((4_900..=5_000).contains(&ahead), "{ahead}");
         assert!(millis_since(SystemTime::now() + Duration::from_secs(5)) < 0);

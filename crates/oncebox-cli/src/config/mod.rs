@@ -314,8 +314,10 @@ impl Config {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        figment = figment.merge(env_provider(vars)).merge(secret_files(vars)?);
-        let mut config: Config = figment.extract().map_err(|error| from_figment(&error))?;
+        figment = figment.merge(Environment::read(vars)?);
+        let mut config: Config = figment
+            .extract_lossy()
+            .map_err(|error| from_figment(&error))?;
         config.apply(flags)?;
         config.validate()?;
         Ok(config)
@@ -374,6 +376,35 @@ impl Config {
                 return Err(ConfigError::key(key, "must be above zero"));
             }
         }
+        if self.relay.retry_max < self.relay.retry_initial {
+            return Err(ConfigError::key(
+                "relay.retry_max",
+                format!(
+                    "must not be shorter than relay.retry_initial ({})",
+                    self.relay.retry_initial
+                ),
+            ));
+        }
+        if let Some(url) = &self.store.url {
+            // A relay loop with held claims (PostgreSQL's default) holds a connection for
+            // the batch in flight and one for the claim ahead; the pool also serves the
+            // readiness checks, the backlog readings and the cleanup.
+            let per_loop = if url.kind() == StoreKind::Postgres && self.outbox.held_claims {
+                2
+            } else {
+                1
+            };
+            let needed = per_loop * self.relay.workers.max(0) + 2;
+            if i64::from(self.store.pool_size) < needed {
+                return Err(ConfigError::key(
+                    "store.pool_size",
+                    format!(
+                        "{} connections cannot serve {} relay loop(s) (relay.workers); set at least {needed}",
+                        self.store.pool_size, self.relay.workers
+                    ),
+                ));
+            }
+        }
         if self.relay.publish_timeout.get() >= self.relay.lease.get() {
             return Err(ConfigError::key(
                 "relay.publish_timeout",
@@ -429,29 +460,72 @@ impl Config {
     }
 }
 
-/// `ONCEBOX_SECTION__KEY` variables (not the `…_FILE` ones, read by [`secret_files`]).
-fn env_provider(
-    vars: &[(String, String)],
-) -> figment::providers::Serialized<BTreeMap<String, figment::value::Value>> {
-    let mut tree: BTreeMap<String, figment::value::Value> = BTreeMap::new();
-    for (name, value) in vars {
-        let Some(key) = env_key(name) else { continue };
-        if key.ends_with("_file") {
-            continue;
+/// The keys whose value may come from a file named by a `…_FILE` variable.
+const SECRETS: [&str; 2] = ["store.password", "broker.password"];
+
+/// Where a value from the environment came from, for error messages.
+const FROM_ENVIRONMENT: &str = "the environment";
+
+/// The `ONCEBOX_SECTION__KEY` variables, and the secrets of `…_FILE` variables, as one
+/// source of configuration. Values stay text: the extraction reads `"256"` as the
+/// number a key wants and `"42"` as the name another wants.
+struct Environment(figment::value::Dict);
+
+impl Environment {
+    fn read(vars: &[(String, String)]) -> Result<Self, ConfigError> {
+        let mut tree = figment::value::Dict::new();
+        let mut from_files = Vec::new();
+        for (name, value) in vars {
+            let Some(key) = env_key(name) else { continue };
+            match key.strip_suffix("_file") {
+                Some(secret) if SECRETS.contains(&secret) => {
+                    let content = std::fs::read_to_string(Path::new(value)).map_err(|error| {
+                        ConfigError::key(name, format!("cannot read {value}: {error}"))
+                    })?;
+                    let content = content.strip_suffix('\n').unwrap_or(&content);
+                    let content = content.strip_suffix('\r').unwrap_or(content);
+                    from_files.push(secret.to_owned());
+                    insert_path(&mut tree, secret, content.to_owned().into());
+                }
+                Some(_) if !SECRETS.contains(&key.as_str()) => {
+                    return Err(ConfigError::key(
+                        name,
+                        format!("only secrets are read from files ({})", SECRETS.join(", ")),
+                    ));
+                }
+                _ => {
+                    if from_files.contains(&key)
+                        || vars
+                            .iter()
+                            .any(|(other, _)| *other == format!("{name}_FILE"))
+                    {
+                        return Err(ConfigError::key(
+                            name,
+                            format!("set twice: by {name} and by {name}_FILE; keep one"),
+                        ));
+                    }
+                    insert_path(&mut tree, &key, value.clone().into());
+                }
+            }
         }
-        // Values are typed as TOML would type them ("256" a number, "true" a boolean),
-        // except secrets, which stay the text they are.
-        let parsed: figment::value::Value = if key.ends_with("password") {
-            value.clone().into()
-        } else {
-            value.parse().unwrap_or_else(|_| value.clone().into())
-        };
-        insert_path(&mut tree, &key, parsed);
+        Ok(Self(tree))
     }
-    figment::providers::Serialized::defaults(tree).profile(figment::Profile::Default)
 }
 
-/// `store.url` from `ONCEBOX_STORE__URL`; `None` for other variables.
+impl figment::Provider for Environment {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(FROM_ENVIRONMENT)
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Ok(figment::Profile::Default.collect(self.0.clone()))
+    }
+}
+
+/// `store.url` from `ONCEBOX_STORE__URL`; `None` for other variables. Section and key
+/// are lower-cased: `[topics]` names set from the environment are lower case.
 fn env_key(name: &str) -> Option<String> {
     let rest = name.strip_prefix(ENV_PREFIX)?;
     let (section, key) = rest.split_once("__")?;
@@ -461,30 +535,7 @@ fn env_key(name: &str) -> Option<String> {
     Some(format!("{}.{}", section.to_lowercase(), key.to_lowercase()))
 }
 
-/// `…_FILE` variables: the secret is the file's content, less one trailing newline.
-fn secret_files(
-    vars: &[(String, String)],
-) -> Result<figment::providers::Serialized<BTreeMap<String, figment::value::Value>>, ConfigError> {
-    let mut tree = BTreeMap::new();
-    for (name, path) in vars {
-        let Some(key) = env_key(name) else { continue };
-        let Some(key) = key.strip_suffix("_file") else {
-            continue;
-        };
-        let content = std::fs::read_to_string(Path::new(path))
-            .map_err(|error| ConfigError::key(name, format!("cannot read {path}: {error}")))?;
-        let secret = content.strip_suffix('\n').unwrap_or(&content);
-        let secret = secret.strip_suffix('\r').unwrap_or(secret);
-        insert_path(&mut tree, key, secret.to_owned().into());
-    }
-    Ok(figment::providers::Serialized::defaults(tree).profile(figment::Profile::Default))
-}
-
-fn insert_path(
-    tree: &mut BTreeMap<String, figment::value::Value>,
-    key: &str,
-    value: figment::value::Value,
-) {
+fn insert_path(tree: &mut figment::value::Dict, key: &str, value: figment::value::Value) {
     use figment::value::{Dict, Value};
     let Some((section, field)) = key.split_once('.') else {
         tree.insert(key.to_owned(), value);
@@ -498,22 +549,24 @@ fn insert_path(
     }
 }
 
-/// One line from figment's error: the key, what was wrong, where it came from.
+/// One line from figment's error: the key, what was wrong, where it came from (the
+/// file, or the variable that set it).
 fn from_figment(error: &figment::Error) -> ConfigError {
     let key = if error.path.is_empty() {
         "configuration".to_owned()
     } else {
         error.path.join(".")
     };
-    let source = error
-        .metadata
-        .as_ref()
-        .map(|metadata| match &metadata.source {
+    let source = match &error.metadata {
+        Some(metadata) if metadata.name == FROM_ENVIRONMENT => format!(
+            " (from {ENV_PREFIX}{})",
+            error.path.join("__").to_uppercase()
+        ),
+        Some(metadata) => match &metadata.source {
             Some(source) => format!(" (in {source})"),
             None => format!(" (in {})", metadata.name),
-        })
-        .unwrap_or_default();
-    let kind = error.kind.to_string();
-    // Our own parse errors already read well; serde's say what was found and expected.
-    ConfigError(format!("{key}: {kind}{source}"))
+        },
+        None => String::new(),
+    };
+    ConfigError(format!("{key}: {}{source}", error.kind))
 }

@@ -106,8 +106,12 @@ impl BrokerKind {
             kind.feature(),
             kind.compiled(),
         )?;
-        if kind != Self::Kafka {
-            refuse_password("broker.url", url)?;
+        refuse_password("broker.url", url)?;
+        if kind == Self::Kafka && url.contains('@') {
+            return Err(ConfigError::key(
+                "broker.url",
+                "a Kafka URL names brokers only (kafka://HOST:PORT[,HOST:PORT…]): user names and passwords are not supported for Kafka yet",
+            ));
         }
         Ok(kind)
     }
@@ -209,33 +213,66 @@ impl<'de> Deserialize<'de> for StoreUrl {
 
 /// A URL with a password is refused: it would be printed wherever the URL is.
 fn refuse_password(key: &str, text: &str) -> Result<(), ConfigError> {
-    let Ok(url) = ::url::Url::parse(text) else {
+    if password_spans(text).is_empty() {
         return Ok(());
-    };
-    if url.password().is_some() {
-        let section = key.split('.').next().unwrap_or(key);
-        return Err(ConfigError::key(
-            key,
-            format!(
-                "holds a password, which would then show in logs and errors; remove it from \
-                 the URL and set {section}.password (or ONCEBOX_{upper}__PASSWORD, or a file \
-                 named by ONCEBOX_{upper}__PASSWORD_FILE)",
-                upper = section.to_uppercase()
-            ),
-        ));
     }
-    Ok(())
+    let section = key.split('.').next().unwrap_or(key);
+    Err(ConfigError::key(
+        key,
+        format!(
+            "holds a password, which would then show in logs and errors; remove it from \
+             the URL and set {section}.password (or ONCEBOX_{upper}__PASSWORD, or a file \
+             named by ONCEBOX_{upper}__PASSWORD_FILE)",
+            upper = section.to_uppercase()
+        ),
+    ))
 }
 
-/// `url` with any password replaced, for messages.
+/// `text` with every password in it replaced by `***`, for messages.
 pub(crate) fn redact(text: &str) -> String {
-    match ::url::Url::parse(text) {
-        Ok(mut url) if url.password().is_some() => {
-            let _ = url.set_password(Some("***"));
-            url.to_string()
-        }
-        _ => text.to_owned(),
+    let mut redacted = text.to_owned();
+    for span in password_spans(text).into_iter().rev() {
+        redacted.replace_range(span, "***");
     }
+    redacted
+}
+
+/// Where passwords stand in `text`, read as text so that nothing a URL parser rejects
+/// slips through: the user info of each `scheme://` authority (a NATS URL may list
+/// several servers, separated by commas), and `password` or `sslpassword` query
+/// parameters (which sqlx reads).
+fn password_spans(text: &str) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("://") {
+        let start = from + found + 3;
+        let end = text[start..]
+            .find(['/', ',', '?', '#'])
+            .map_or(text.len(), |offset| start + offset);
+        let authority = &text[start..end];
+        if let Some(at) = authority.rfind('@')
+            && let Some(colon) = authority[..at].find(':')
+        {
+            spans.push(start + colon + 1..start + at);
+        }
+        from = end;
+    }
+    if let Some(question) = text.find('?') {
+        let mut offset = question + 1;
+        for pair in text[question + 1..].split(['&', '#']) {
+            if let Some((name, _)) = pair.split_once('=')
+                && matches!(
+                    name.to_ascii_lowercase().as_str(),
+                    "password" | "sslpassword"
+                )
+            {
+                spans.push(offset + name.len() + 1..offset + pair.len());
+            }
+            offset += pair.len() + 1;
+        }
+    }
+    spans.sort_by_key(|span| span.start);
+    spans
 }
 
 /// `url` with `password` set, for the client library only: never print the result.
@@ -248,6 +285,12 @@ pub(crate) fn with_password(
     };
     let mut url = ::url::Url::parse(text)
         .map_err(|error| ConfigError::key("broker.url", format!("not a URL: {error}")))?;
+    if url.username().is_empty() {
+        return Err(ConfigError::key(
+            "broker.password",
+            "goes with a user name in broker.url (scheme://USER@HOST…)",
+        ));
+    }
     url.set_password(Some(password.expose()))
         .map_err(|()| ConfigError::key("broker.password", "this URL cannot carry a password"))?;
     Ok(url.to_string())
@@ -280,6 +323,31 @@ mod tests {
         assert!(!error.0.contains("s3cret"), "{error}");
         let error = BrokerKind::of("ftp://user:s3cret@host").unwrap_err();
         assert!(!error.0.contains("s3cret"), "{error}");
+        // What a URL parser rejects is read as text all the same.
+        for url in [
+            "postgres://app:s3cret@db:99999/app",
+            "postgres://app@db/app?sslmode=require&password=s3cret",
+        ] {
+            let error = StoreUrl::parse(url).unwrap_err();
+            assert!(
+                error.contains("holds a password") && !error.contains("s3cret"),
+                "{error}"
+            );
+        }
+        let error = BrokerKind::of("nats://a:4222,nats://u:s3cret@b:4222").unwrap_err();
+        assert!(
+            error.0.contains("holds a password") && !error.0.contains("s3cret"),
+            "{error}"
+        );
+        let error = BrokerKind::of("kafka://u:s3cret@broker:9092").unwrap_err();
+        assert!(!error.0.contains("s3cret"), "{error}");
+        let error = BrokerKind::of("kafka://user@broker:9092").unwrap_err();
+        assert!(error.0.contains("not supported for Kafka"), "{error}");
+        assert_eq!(
+            redact("nats://u:one@a:4222,nats://v:two@b:4222?password=three"),
+            "nats://u:***@a:4222,nats://v:***@b:4222?password=***"
+        );
+        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
     }
 
     #[test]

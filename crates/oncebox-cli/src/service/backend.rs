@@ -331,7 +331,12 @@ impl Broker {
                     let user = ::url::Url::parse(url)
                         .map(|url| url.username().to_owned())
                         .unwrap_or_default();
-                    connect = connect.user_and_password(user, password.expose().to_owned());
+                    // Without a user name, the secret is the server's token.
+                    connect = if user.is_empty() {
+                        connect.token(password.expose().to_owned())
+                    } else {
+                        connect.user_and_password(user, password.expose().to_owned())
+                    };
                 }
                 let client = tokio::time::timeout(timeout, connect.connect(url))
                     .await

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use oncebox::consumer::{Consumer, ConsumerOptions, DurableInbox};
@@ -148,7 +148,7 @@ async fn cleanup<S: SpoolStore>(
             () = &mut stopped => return,
             () = tokio::time::sleep(interval) => {}
         }
-        let before = SystemTime::now() - window;
+        let before = oncebox::time::ago(window);
         loop {
             match store.purge(before, CLEANUP_BATCH).await {
                 Ok(deleted) if deleted == CLEANUP_BATCH as u64 => continue,

@@ -50,8 +50,17 @@ pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
         let stopping = stopping.clone();
         async move {
             let runs = relays.iter().map(|relay| {
-                let stopped = stop::stopped(&stopping);
-                async move { relay.run_until(stopped).await }
+                let stopping = &stopping;
+                let stopped = stop::stopped(stopping);
+                async move {
+                    let ended = relay.run_until(stopped).await;
+                    if ended.is_err() {
+                        // One loop failing for good stops the others cleanly: the
+                        // process ends with its error instead of running short-handed.
+                        stopping.send_replace(true);
+                    }
+                    ended
+                }
             });
             for ended in futures_util::future::join_all(runs).await {
                 ended.context("the relay stopped")?;
@@ -95,9 +104,9 @@ fn readiness(
     broker: &Arc<Broker>,
     relays: &[Arc<Relay<AnyOutbox, Arc<TopicMap>>>],
 ) -> ReadinessCheck {
-    // A loop claims at least every poll_max, and not while it publishes a batch.
-    let stale =
-        config.relay.poll_max.get() + config.relay.publish_timeout.get() + Duration::from_secs(5);
+    // A loop claims at least every poll_max, and not while it publishes a batch, which
+    // its lease bounds.
+    let stale = config.relay.poll_max.get() + config.relay.lease.get() + Duration::from_secs(5);
     let database = Arc::clone(database);
     let broker = Arc::clone(broker);
     let relays: Vec<_> = relays.to_vec();

@@ -46,6 +46,12 @@ pub fn free_port() -> u16 {
 /// The `oncebox` binary, with the logs the services write.
 pub fn oncebox() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    // Only the test's own configuration: no ONCEBOX_SECTION__KEY of the caller's.
+    for (name, _) in std::env::vars() {
+        if name.starts_with("ONCEBOX_") && name.contains("__") {
+            command.env_remove(name);
+        }
+    }
     command.env("RUST_LOG", "info,oncebox=info");
     command
 }

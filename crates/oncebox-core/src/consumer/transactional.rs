@@ -1,7 +1,5 @@
 //! The transactional inbox: dedup record, handler effect and result in one transaction.
 
-use std::time::SystemTime;
-
 use super::process::unwind_as_error;
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::store::{InboxStore, Recorded};
@@ -93,7 +91,7 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
             )));
         }
         self.store
-            .purge(&self.options.consumer, SystemTime::now() - age, limit)
+            .purge(&self.options.consumer, crate::time::ago(age), limit)
             .await
     }
 }

@@ -137,10 +137,10 @@ impl DeadLetterSelection {
 /// outbox …`, `oncebox dead-letters …` and the dashboard that does not depend on the
 /// backend, which each backend's outbox implements once.
 ///
-/// Selections of many dead letters go through [`replay_dead_letters`] and
-/// [`purge_dead_letters`], which page through [`dead_letters`](Self::dead_letters) and
-/// apply the one-row operations: each row keeps the guarantees of its one-row call
-/// (a replayed row keeps its place in its key's order).
+/// A selection of many dead letters is found with [`select_dead_letters`], which pages
+/// through [`dead_letters`](Self::dead_letters); the one-row operations then apply to
+/// exactly the ids found (and confirmed, in the CLI), each with the guarantees of its
+/// one-row call (a replayed row keeps its place in its key's order).
 pub trait OutboxAdmin: Send + Sync {
     /// Counts by status and the oldest pending age.
     ///
@@ -213,68 +213,4 @@ pub async fn select_dead_letters<A: OutboxAdmin + ?Sized>(
     }
     selected.truncate(limit);
     Ok(selected)
-}
-
-/// Replays every dead letter `selection` names (see [`OutboxAdmin::replay_dead`]);
-/// returns the ids replayed, in commit order.
-///
-/// # Errors
-///
-/// A store error; the rows replayed before it stay replayed.
-pub async fn replay_dead_letters<A: OutboxAdmin + ?Sized>(
-    admin: &A,
-    selection: &DeadLetterSelection,
-) -> Result<Vec<MessageId>> {
-    apply(admin, selection, |id| admin.replay_dead(id)).await
-}
-
-/// Deletes every dead letter `selection` names (see [`OutboxAdmin::purge_dead`]);
-/// returns the ids deleted, in commit order.
-///
-/// # Errors
-///
-/// A store error; the rows deleted before it stay deleted.
-pub async fn purge_dead_letters<A: OutboxAdmin + ?Sized>(
-    admin: &A,
-    selection: &DeadLetterSelection,
-) -> Result<Vec<MessageId>> {
-    apply(admin, selection, |id| admin.purge_dead(id)).await
-}
-
-async fn apply<A, F, Fut>(
-    admin: &A,
-    selection: &DeadLetterSelection,
-    op: F,
-) -> Result<Vec<MessageId>>
-where
-    A: OutboxAdmin + ?Sized,
-    F: Fn(MessageId) -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    if let DeadLetterSelection::One(id) = selection {
-        return Ok(if op(*id).await? {
-            vec![*id]
-        } else {
-            Vec::new()
-        });
-    }
-    let mut done = Vec::new();
-    let mut after = None;
-    loop {
-        // Rows an operation took out of the dead letters are not seen again: paging
-        // goes on after the last row read.
-        let page = admin.dead_letters(after, PAGE).await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.seq);
-        let full = page.len() == PAGE;
-        for letter in page.iter().filter(|letter| selection.selects(letter)) {
-            if op(letter.id).await? {
-                done.push(letter.id);
-            }
-        }
-        if !full {
-            break;
-        }
-    }
-    Ok(done)
 }

@@ -423,7 +423,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     ///
     /// A store error (rows deleted before it stay deleted).
     pub async fn cleanup(&self) -> Result<u64> {
-        let before = SystemTime::now() - self.options.retention_duration();
+        let before = crate::time::ago(self.options.retention_duration());
         let limit = self.options.cleanup_batch;
         let mut total = 0;
         loop {

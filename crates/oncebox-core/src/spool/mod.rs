@@ -28,7 +28,7 @@ mod store;
 
 pub use admin::{
     Backlog, DeadLetter, DeadLetterSelection, OutboxAdmin, OutboxRow, OutboxStats, RowState,
-    RowStatus, purge_dead_letters, replay_dead_letters, select_dead_letters,
+    RowStatus, select_dead_letters,
 };
 pub use engine::{BatchReport, DeadLetterHook, Spool, SpoolHealth};
 pub use options::{DEFAULT_RETENTION, SpoolOptions};
