@@ -49,6 +49,7 @@ macro_rules! outbox_checks {
             bad_input_is_a_typed_error,
             relay_keeps_commit_order,
             slow_broker_past_the_lease_never_overlaps,
+            stop_hands_back_unstarted_rows,
             broker_outage_spends_no_attempts,
             relay_backs_off_then_dead_letters,
             relay_cleanup_purges_published,

@@ -31,6 +31,7 @@
 //! | [`bad_input_is_a_typed_error`] | duplicate ids and invalid messages are typed errors and store nothing |
 //! | [`broker_outage_spends_no_attempts`] | publishes refused for an outage of the broker are handed back without counting attempts: nothing is dead-lettered |
 //! | [`slow_broker_past_the_lease_never_overlaps`] | with a broker slower than the lease, two relays never have one key in flight at once: the holder renews its lease |
+//! | [`stop_hands_back_unstarted_rows`] | a relay told to stop finishes the publish under way and hands back the rows it did not start: unattempted, due at once, nothing published twice |
 //! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
 //! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
 //! | [`relay_cleanup_purges_published`] | [`Spool::cleanup`] with zero retention deletes every published row and nothing else |
@@ -57,7 +58,7 @@ pub use claiming::{
 pub use relay::{
     Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,
     relay_backs_off_then_dead_letters, relay_cleanup_purges_published, relay_keeps_commit_order,
-    slow_broker_past_the_lease_never_overlaps,
+    slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
 };
 pub use settling::{
     bad_input_is_a_typed_error, dead_stores_reason_and_unblocks,

@@ -45,6 +45,9 @@ pub struct Spool<S: SpoolStore, K> {
     on_dead: Option<DeadLetterHook<S::Item>>,
     metrics: SpoolMetrics,
     health: std::sync::Mutex<SpoolHealth>,
+    /// Set by [`run_until`](Self::run_until) when told to stop: rows not started yet are
+    /// handed back instead of delivered.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// How a running spool fares, for readiness checks: read with [`Spool::health`].
@@ -75,6 +78,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         Ok(Self {
             metrics: SpoolMetrics::new(&options.name),
             health: std::sync::Mutex::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             store,
             sink,
             options,
@@ -310,8 +314,8 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     }
 
     /// Delivers the claimed rows of one key in order; after a failure that will be
-    /// retried, or an outage, or once the lease is lost, the key's later rows are
-    /// released unattempted.
+    /// retried, or an outage, once the lease is lost, or once the spool is stopping, the
+    /// key's later rows are released unattempted.
     async fn dispatch_key(
         &self,
         rows: Vec<Claimed<S::Item>>,
@@ -321,7 +325,8 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         let mut settlements = Vec::with_capacity(rows.len());
         let mut blocked = false;
         for row in rows {
-            let outcome = if blocked || lease.is_lost() {
+            let stopping = self.stopping.load(std::sync::atomic::Ordering::Relaxed);
+            let outcome = if blocked || stopping || lease.is_lost() {
                 Settle::Release
             } else {
                 let outcome = self.deliver(&row, lease, outage).await;
@@ -439,8 +444,10 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// Runs the spool until `shutdown` completes: claims and delivers batches, waits
     /// adaptively when idle, and runs retention cleanup every `cleanup_interval`.
     ///
-    /// On shutdown the round in progress finishes (deliveries and settlement), then the
-    /// call returns. Transient store errors and outages of the store or the sink are
+    /// On shutdown no row is started any more: deliveries under way finish, the rows of
+    /// the batch not started yet are handed back unattempted (as are rows claimed ahead),
+    /// everything is settled, then the call returns. A stop thus takes at most one
+    /// delivery per key of the batch, and publishes nothing twice. Transient store errors and outages of the store or the sink are
     /// logged and retried with backoff; rows the sink could not reach are handed back
     /// without spending an attempt.
     ///
@@ -454,6 +461,8 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     ///
     /// Dropping the future is a crash: claimed rows stay leased until their lease ends.
     pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+        self.stopping
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let stop = watch::Sender::new(false);
         let claims = async {
             let ended = self.claim_loop(stop.subscribe()).await;
@@ -473,6 +482,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         tokio::select! {
             ended = &mut work => ended,
             () = shutdown => {
+                self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
                 stop.send_replace(true);
                 work.await
             }

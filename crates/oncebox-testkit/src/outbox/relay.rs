@@ -662,3 +662,93 @@ pub async fn broker_outage_spends_no_attempts<H: OutboxHarness>(harness: &H) {
         assert_eq!(row.attempts, 0, "{}: the outage spent attempts", label(m));
     }
 }
+
+/// A publisher that takes `delay` per message and counts the publishes it started.
+struct Slow {
+    inner: oncebox_core::memory::MemoryPublisher,
+    delay: Duration,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Publisher for Slow {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        self.inner.publish(message).await
+    }
+}
+
+/// A relay told to stop while it publishes one key's batch of ten rows, each taking
+/// 300 ms, finishes the publish under way and hands the other rows back unattempted: it
+/// stops in about one publish, not ten, the rows it did not start are pending with no
+/// attempt counted and due at once (a second relay publishes them without waiting for a
+/// lease), and nothing is published twice.
+pub async fn stop_hands_back_unstarted_rows<H: OutboxHarness>(harness: &H) {
+    const ROWS: usize = 10;
+    let delay = Duration::from_millis(300);
+    let messages: Vec<Message> = (0..ROWS)
+        .map(|i| message(Some("stopping"), &format!("stopping/{i}")))
+        .collect();
+    ok("enqueue", harness.enqueue(&messages).await);
+    let broker = MemoryBroker::new();
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let slow = Slow {
+        inner: broker.publisher(),
+        delay,
+        started: Arc::clone(&started),
+    };
+    let options = relay_options("stopping-relay").batch_size(ROWS);
+    let relay = ok("relay", Relay::new(harness.store(), slow, options));
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = relay.run_until(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    let stopper = async {
+        while started.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let at = Instant::now();
+        let _ = stop.send(true);
+        at
+    };
+    let (ended, asked) = within("a stopping relay", STEP, async {
+        tokio::join!(run, stopper)
+    })
+    .await;
+    ok("the relay's run", ended);
+    let took = asked.elapsed();
+    let published = broker.published(TOPIC).len();
+    assert!(
+        took < delay * 3,
+        "the stop took {took:?}: rows not yet started were published instead of handed back"
+    );
+    assert!(
+        (1..=2).contains(&published),
+        "published {published} of {ROWS} rows while stopping: the publish under way only"
+    );
+    for (i, message) in messages.iter().enumerate() {
+        let step = format!("row {i} after the stop");
+        let expected = if i < published {
+            RowStatus::Done
+        } else {
+            RowStatus::Pending
+        };
+        assert_state(&step, &state(harness, message).await, expected, 0);
+    }
+
+    // The rows handed back are not leased: another relay publishes them at once.
+    let fast = ok(
+        "a second relay",
+        Relay::new(
+            harness.store(),
+            broker.publisher(),
+            relay_options("after-stop"),
+        ),
+    );
+    let drained = ok("drain", within("drain", STEP, fast.drain()).await);
+    assert_eq!(drained.done, ROWS - published, "{drained:?}");
+    let labels: Vec<String> = broker.published(TOPIC).iter().map(label).collect();
+    let expected: Vec<String> = (0..ROWS).map(|i| format!("stopping/{i}")).collect();
+    assert_eq!(labels, expected, "each row once, in order");
+}
