@@ -17,10 +17,11 @@ WITH taken AS (
   SELECT d.seq, d.message_id, d.key, d.kind, d.headers, d.payload
   FROM :"schema".durable_inbox AS d
   WHERE d.consumer = :'consumer' AND d.status = 'pending' AND d.available_at <= now()
-    AND NOT EXISTS (
-      SELECT 1 FROM :"schema".durable_inbox AS e
-      WHERE e.consumer = d.consumer AND e.key = d.key
-        AND e.status = 'pending' AND e.seq < d.seq)
+    -- The first pending row of its key (a scalar subquery: one index probe per row,
+    -- whatever the planner knows of the table).
+    AND (d.key IS NULL OR d.seq = (
+      SELECT min(e.seq) FROM :"schema".durable_inbox AS e
+      WHERE e.consumer = d.consumer AND e.key = d.key AND e.status = 'pending'))
   ORDER BY d.seq
   LIMIT 100
   FOR UPDATE SKIP LOCKED

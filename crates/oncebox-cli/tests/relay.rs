@@ -699,3 +699,58 @@ fn wait_until_claimed(config: &std::path::Path, id: &str) {
         (!row["leased_until"].is_null()).then_some(())
     });
 }
+
+/// `outbox.layout = "debezium"`: producers that insert Debezium's outbox columns, and
+/// nothing else, are relayed by `oncebox relay` (after `oncebox migrate` adds the
+/// relay's columns), aggregate type → topic after the prefix, each aggregate's events in
+/// order; the admin commands read the same table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_producers_are_relayed_by_the_service() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("relay_dbz");
+    let prefix = format!("{schema}:");
+    psql(&format!(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.outbox_events (id uuid PRIMARY KEY, aggregatetype text NOT NULL,
+             aggregateid text NOT NULL, type text NOT NULL, payload jsonb NOT NULL)"
+    ));
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            "[store]\nurl = \"{pg}\"\nschema = \"{schema}\"\n\n[outbox]\nlayout = \"debezium\"\n\
+             table = \"{schema}.outbox_events\"\ntopic_prefix = \"evt.\"\n\n\
+             [broker]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n",
+            pg = support::pg_url(),
+            redis = support::redis_url(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let refused = support::run(&config, &["migrate", "--print"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "--print covers oncebox's own tables only"
+    );
+    psql(&format!(
+        "INSERT INTO {schema}.outbox_events (id, aggregatetype, aggregateid, type, payload)
+         SELECT gen_random_uuid(), 'order', 'c' || (n % 5), 'OrderPlaced',
+                json_build_object('order_id', 'c' || (n % 5) || '-' || (n / 5 + 1))
+         FROM generate_series(0, 49) AS n ORDER BY n"
+    ));
+    let mut relay = Service::start(dir.path(), "relay", &config, &["relay"]);
+    wait_for("50 published", Duration::from_secs(30), || {
+        (published(&config) == 50).then_some(())
+    });
+    relay.stop_cleanly(STOP);
+    let mut redis = redis::Client::open(support::redis_url())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let key = format!("{prefix}evt.order");
+    let seen = read_stream(&mut redis, &key).await;
+    assert_eq!(audit(&seen, 50, 5), 0);
+    delete_streams(&[key]).await;
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
