@@ -104,3 +104,47 @@ async fn kafka_carries_relay_to_receive() {
     relay_then_receive(dir.path(), &broker, &topic).await;
     let _ = admin.delete_topics(&[topic.as_str()]).await;
 }
+
+/// `/readyz` of `oncebox receive` follows the broker even where the client keeps no
+/// connection to ask (RabbitMQ): 503 naming the failing receives while a proxy between
+/// them is cut, 200 again once the subscriber is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_readiness_follows_rabbitmq() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let name = support::unique("svc_ready");
+    let url = std::env::var("ONCEBOX_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let proxy = support::Proxy::start(support::address(&url, 5672)).await;
+    let mut parsed = url::Url::parse(&support::through(&url, proxy.port)).expect("a URL");
+    let password = parsed.password().unwrap_or_default().to_owned();
+    parsed.set_password(None).expect("no password");
+    let db = dir.path().join("inbox.db");
+    let config = write_config(
+        dir.path(),
+        "receive.toml",
+        &format!(
+            "[store]\nurl = \"sqlite://{}\"\n\n[broker]\nurl = \"{parsed}\"\npassword = \"{password}\"\nexchange = \"{name}\"\n\n[receive]\ntopic = \"{name}.orders\"\nconsumer = \"billing\"\n",
+            db.display()
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let mut receiver = Service::start(dir.path(), "receive", &config, &["receive"]);
+    receiver.wait_ready(Duration::from_secs(60));
+    proxy.cut();
+    let reason =
+        wait_for(
+            "/readyz to answer 503",
+            Duration::from_secs(30),
+            || match support::http_get(receiver.port, "/readyz") {
+                Some((503, body)) => Some(body),
+                _ => None,
+            },
+        );
+    assert!(
+        reason.contains("receiving from the broker fails"),
+        "{reason}"
+    );
+    proxy.restore();
+    receiver.wait_ready(Duration::from_secs(60));
+    receiver.stop_cleanly(Duration::from_secs(10));
+}

@@ -3,11 +3,11 @@
 //! the table with plain SQL (docs/service.md, "The inbox contract").
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use oncebox::consumer::{Consumer, ConsumerOptions, DurableInbox};
+use oncebox::consumer::{Consumer, ConsumerHealthHandle, ConsumerOptions, DurableInbox};
 use oncebox::spool::SpoolStore;
 use oncebox::store::DurableInboxStore;
 use tokio::sync::watch;
@@ -64,7 +64,8 @@ pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Resu
         .subscriber(&topic, &consumer)
         .await
         .with_context(|| format!("cannot subscribe to {topic} as {consumer}"))?;
-    started.serve(readiness(&database, &broker));
+    let health = Arc::new(OnceLock::new());
+    started.serve(readiness(&database, &broker, &health));
     tracing::info!(
         store = database.kind(),
         broker = broker.kind(),
@@ -73,6 +74,7 @@ pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Resu
         "receiving into the durable inbox"
     );
     let inbox = Inbox {
+        health,
         subscriber,
         options,
         lanes: usize::try_from(config.receive.lanes).unwrap_or(usize::MAX),
@@ -100,6 +102,8 @@ pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Resu
 
 /// What the receiving loop needs besides the store.
 struct Inbox {
+    /// Where the consumer's health handle goes once the consumer is built.
+    health: Arc<OnceLock<ConsumerHealthHandle>>,
     subscriber: AnySubscriber,
     options: ConsumerOptions,
     lanes: usize,
@@ -121,11 +125,10 @@ impl Inbox {
         let inbox = DurableInbox::new(store.clone(), self.options).context("receive settings")?;
         let (done, _) = watch::channel(false);
         let cleanup = cleanup(store, window, self.cleanup_interval, stop::stopped(&done));
+        let consumer = Consumer::new(self.subscriber, inbox).lanes(self.lanes);
+        let _ = self.health.set(consumer.health());
         let consumer = async {
-            let ended = Consumer::new(self.subscriber, inbox)
-                .lanes(self.lanes)
-                .run_until(stopped)
-                .await;
+            let ended = consumer.run_until(stopped).await;
             done.send_replace(true);
             ended
         };
@@ -162,16 +165,42 @@ async fn cleanup<S: SpoolStore>(
     }
 }
 
-/// Ready when the store answers and the broker's connection is up.
-fn readiness(database: &Arc<Database>, broker: &Arc<Broker>) -> ReadinessCheck {
+/// How long a failed receive keeps the receiver unready when no delivery came since:
+/// longer than the brokers' clients wait between reconnection attempts (RabbitMQ's 5 s).
+const RECEIVE_FAILURE: Duration = Duration::from_secs(15);
+
+/// Ready when the store answers, the broker's connection is up (where the client
+/// keeps one) and the consumer's receives have not been failing lately.
+fn readiness(
+    database: &Arc<Database>,
+    broker: &Arc<Broker>,
+    health: &Arc<OnceLock<ConsumerHealthHandle>>,
+) -> ReadinessCheck {
     let database = Arc::clone(database);
     let broker = Arc::clone(broker);
+    let health = Arc::clone(health);
     Arc::new(move || {
         let database = Arc::clone(&database);
         let broker = Arc::clone(&broker);
+        let health = health.get().map(ConsumerHealthHandle::get);
         Box::pin(async move {
             database.ping(CHECK_TIMEOUT).await?;
-            broker.check(CHECK_TIMEOUT).await
+            broker.check(CHECK_TIMEOUT).await?;
+            let Some(health) = health else {
+                return Err("starting: not receiving yet".to_owned());
+            };
+            if let (Some(failed), Some(error)) = (health.last_failure, &health.receive_error)
+                && health
+                    .last_delivery
+                    .is_none_or(|delivered| delivered < failed)
+                && failed.elapsed() < RECEIVE_FAILURE
+            {
+                return Err(format!(
+                    "receiving from the broker fails ({} in a row): {error}",
+                    health.failures_in_a_row
+                ));
+            }
+            Ok(())
         })
     })
 }

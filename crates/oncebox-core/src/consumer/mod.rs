@@ -10,6 +10,7 @@
 
 mod durable;
 mod handler;
+mod health;
 mod id;
 mod lease;
 mod metrics;
@@ -23,6 +24,7 @@ pub use durable::{DurableInbox, HandlerSink};
 pub use handler::{
     FnHandler, Handler, HandlerFn, HandlerOutput, Json, TxHandler, TxHandlerFn, handler_fn,
 };
+pub use health::{ConsumerHealth, ConsumerHealthHandle};
 pub use id::IdStrategy;
 pub use lease::keep_lease;
 pub use options::{ConsumerOptions, StoreFailure};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::ConsumerHealthHandle;
 use super::metrics::ConsumerMetrics;
 use super::process::{OnFailure, on_failure, unwind_as_error};
 use super::{Outcome, Process};
@@ -37,6 +38,7 @@ pub struct Consumer<Sub, P> {
     processor: Arc<P>,
     lanes: usize,
     observer: Option<Observer>,
+    health: ConsumerHealthHandle,
 }
 
 impl<Sub, P> Consumer<Sub, P>
@@ -51,6 +53,7 @@ where
             processor: Arc::new(processor),
             lanes: 16,
             observer: None,
+            health: ConsumerHealthHandle::default(),
         }
     }
 
@@ -59,6 +62,13 @@ where
     pub fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes.max(1);
         self
+    }
+
+    /// A view of how the receiving loop fares (its last delivery, its receive errors),
+    /// to take before [`run_until`](Self::run_until) consumes the consumer: a readiness
+    /// check reads it while the consumer runs.
+    pub fn health(&self) -> ConsumerHealthHandle {
+        self.health.clone()
     }
 
     /// Calls `observer` with every delivery and its outcome, once it is settled.
@@ -115,9 +125,13 @@ where
                 next = self.subscriber.next() => next,
             };
             let delivery = match delivery {
-                Ok(delivery) => delivery,
+                Ok(delivery) => {
+                    self.health.delivered();
+                    delivery
+                }
                 Err(Error::Closed) => break,
                 Err(error) => {
+                    self.health.failed(&error);
                     tracing::warn!(%error, "receiving failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
