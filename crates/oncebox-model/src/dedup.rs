@@ -16,7 +16,10 @@ pub struct DedupModel {
     pub lease: u8,
     /// Worker crashes allowed on a path.
     pub crashes: u8,
-    /// Seeded bug: `complete` and `extend` do not check the token.
+    /// Ticks a completed record is kept (the TTL).
+    pub ttl: u8,
+    /// Seeded bug: `complete`, `extend` and `abandon` check neither the token nor the
+    /// lease.
     pub no_fencing: bool,
     /// Seeded bug: the receiver does not stop its handler when its lease is lost.
     pub no_lease_keeping: bool,
@@ -34,10 +37,13 @@ pub enum Record {
         /// Ticks until the lease ends.
         left: u8,
     },
-    /// `State::Completed { result }`: the result is the token of the run that made it.
+    /// `State::Completed { result, until }`: the result is the token of the run that
+    /// made it.
     Completed {
         /// The result.
         result: u8,
+        /// Ticks until the TTL ends (then the record expires: absent).
+        left: u8,
     },
 }
 
@@ -111,6 +117,7 @@ impl DedupModel {
         Self {
             workers: 2,
             lease: 3,
+            ttl: 2,
             crashes: 1,
             no_fencing: false,
             no_lease_keeping: false,
@@ -178,11 +185,13 @@ impl Model for DedupModel {
                 actions.push(DedupAction::Crash(w));
             }
         }
-        let running = matches!(state.record, Record::InProgress { left, .. } if left > 0)
-            || state
-                .workers
-                .iter()
-                .any(|worker| matches!(worker, Worker::Running { held, .. } if *held > 0));
+        let running = matches!(
+            state.record,
+            Record::InProgress { left, .. } | Record::Completed { left, .. } if left > 0
+        ) || state
+            .workers
+            .iter()
+            .any(|worker| matches!(worker, Worker::Running { held, .. } if *held > 0));
         if running && !stop_pending {
             actions.push(DedupAction::Tick);
         }
@@ -192,8 +201,17 @@ impl Model for DedupModel {
         let mut state = last.clone();
         match action {
             DedupAction::Tick => {
-                if let Record::InProgress { left, .. } = &mut state.record {
-                    *left = left.saturating_sub(1);
+                match &mut state.record {
+                    Record::InProgress { left, .. } => *left = left.saturating_sub(1),
+                    Record::Completed { left, .. } => {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            // The TTL ended: the id is free, and a new window begins.
+                            state.record = Record::Absent;
+                            state.first_result = None;
+                        }
+                    }
+                    Record::Absent => {}
                 }
                 for worker in &mut state.workers {
                     if let Worker::Running { held, .. } = worker {
@@ -222,7 +240,7 @@ impl Model for DedupModel {
                 }
                 // In progress elsewhere: nacked, delivered again later (the copy stays).
                 Record::InProgress { .. } => return None,
-                Record::Completed { result } => {
+                Record::Completed { result, .. } => {
                     state.other_result |= state.first_result != Some(result);
                     state.copies[w] = false;
                 }
@@ -248,7 +266,14 @@ impl Model for DedupModel {
                 }
             }
             DedupAction::Stop(w) => {
-                // `keep_lease` drops the handler; the copy comes again after the nack.
+                // `keep_lease` drops the handler and the receiver abandons the id (its
+                // lease, by the store's clock, has a tenth left); the copy comes again.
+                let Worker::Running { token, .. } = state.workers[w] else {
+                    return None;
+                };
+                if self.holds(state.record, token) {
+                    state.record = Record::Absent;
+                }
                 state.workers[w] = Worker::Idle;
                 state.copies[w] = true;
             }
@@ -259,14 +284,18 @@ impl Model for DedupModel {
                 let live = matches!(state.record, Record::InProgress { token: held, left } if held == token && left > 0);
                 if self.holds(state.record, token) {
                     state.stale_completion |= !live;
-                    state.record = Record::Completed { result: token };
+                    state.record = Record::Completed {
+                        result: token,
+                        left: self.ttl,
+                    };
                     state.first_result.get_or_insert(token);
                     if state.first_result != Some(token) {
                         state.other_result = true;
                     }
                 } else {
-                    // `LeaseLost`: the delivery is nacked and comes again.
-                    state.copies[w] = true;
+                    // `LeaseLost`: the receiver logs it and acks (`receiver.rs`): the
+                    // effect ran and no result is kept, so a later copy would run it
+                    // again, which guarantee 5 allows for effects outside the store.
                 }
                 state.workers[w] = Worker::Idle;
             }
@@ -301,11 +330,11 @@ impl Model for DedupModel {
                 |_, state: &DedupState| !state.stale_completion,
             ),
             Property::always(
-                "a duplicate always sees the first result",
+                "a duplicate within the TTL always sees the first result",
                 |_, state: &DedupState| !state.other_result,
             ),
             Property::sometimes(
-                "a lease ends while its handler runs",
+                "the holder's own view of its lease runs out while its handler runs",
                 |_, state: &DedupState| {
                     state
                         .workers
@@ -328,7 +357,7 @@ fn canonical_tokens(state: &mut DedupState) {
     };
     match state.record {
         Record::InProgress { token, .. } => note(token),
-        Record::Completed { result } => note(result),
+        Record::Completed { result, .. } => note(result),
         Record::Absent => {}
     }
     for worker in &state.workers {
@@ -347,7 +376,7 @@ fn canonical_tokens(state: &mut DedupState) {
     };
     match &mut state.record {
         Record::InProgress { token, .. } => *token = renumber(*token),
-        Record::Completed { result } => *result = renumber(*result),
+        Record::Completed { result, .. } => *result = renumber(*result),
         Record::Absent => {}
     }
     for worker in &mut state.workers {

@@ -18,8 +18,12 @@ pub enum SpoolBug {
     /// `lease.is_lost()` and `deliver`'s `lease.lost()` removed).
     NoLeaseTest,
     /// A settlement takes the rows out of the claim (freeing their keys) in one
-    /// transaction and writes their outcome in a later one.
+    /// transaction and writes their outcome in a later one, which has no claim left to
+    /// check against.
     ReleaseBeforeSettle,
+    /// The claim takes rows behind an unclaimable row of their key (`claim_rows`'s
+    /// per-key prefix test removed).
+    NoKeyPrefix,
 }
 
 /// The bounds and the seeded bug of one check.
@@ -215,7 +219,8 @@ impl SpoolModel {
             if row.done || taken.len() == self.batch {
                 continue;
             }
-            if held.contains(&seq) || blocked.contains(&row.key) {
+            let behind = blocked.contains(&row.key) && !self.has(SpoolBug::NoKeyPrefix);
+            if held.contains(&seq) || behind {
                 blocked.push(row.key);
                 continue;
             }
@@ -561,19 +566,21 @@ fn take_out_of_claim(state: &mut SpoolState, token: u8, batch: &[(u8, Attempt)])
 }
 
 /// Writes one settlement (`Done`: `status = 'done'`; `Retry`: the attempt counted, the
-/// row pending; `Release`: nothing), noting one whose row another claim took since.
+/// row pending; `Release`: nothing), noting one whose row another claim took since. As
+/// every settle statement does (`… AND status = 'pending'`), a done row is left alone.
 fn write_outcome(state: &mut SpoolState, token: u8, seq: u8, attempt: Attempt) {
     let row = &mut state.rows[seq as usize];
-    if attempt != Attempt::Release && row.claimed_by != Some(token) {
+    if row.done || attempt == Attempt::Release {
+        return;
+    }
+    if row.claimed_by != Some(token) {
         state.stale_settlement = true;
     }
-    match attempt {
-        Attempt::Done => row.done = true,
-        // A retried row stays pending (due again after its backoff, which the model does
-        // not count); a late retry by a fenced claimant could set a done row back.
-        Attempt::Retry => row.done = false,
-        _ => {}
+    if attempt == Attempt::Done {
+        row.done = true;
     }
+    // A retried row stays pending, due again after its backoff (which the model does
+    // not count).
 }
 
 /// Renumbers the claim tokens in the order they appear (claims, relays, rows), from 1:

@@ -50,6 +50,7 @@ macro_rules! outbox_checks {
             relay_keeps_commit_order,
             slow_broker_past_the_lease_never_overlaps,
             stop_hands_back_unstarted_rows,
+            claimed_ahead_batch_past_its_lease_is_handed_back,
             broker_outage_spends_no_attempts,
             relay_backs_off_then_dead_letters,
             relay_cleanup_purges_published,

@@ -31,6 +31,7 @@
 //! | [`bad_input_is_a_typed_error`] | duplicate ids and invalid messages are typed errors and store nothing |
 //! | [`broker_outage_spends_no_attempts`] | publishes refused for an outage of the broker are handed back without counting attempts: nothing is dead-lettered |
 //! | [`slow_broker_past_the_lease_never_overlaps`] | with a broker slower than the lease, two relays never have one key in flight at once: the holder renews its lease |
+//! | [`claimed_ahead_batch_past_its_lease_is_handed_back`] | a batch claimed ahead whose lease ended while the batch before it was published is handed back, not published beside the relay that took its rows over |
 //! | [`stop_hands_back_unstarted_rows`] | a relay told to stop finishes the publish under way and hands back the rows it did not start: unattempted, due at once, nothing published twice |
 //! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
 //! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
@@ -57,7 +58,8 @@ pub use claiming::{
 };
 pub use relay::{
     Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,
-    relay_backs_off_then_dead_letters, relay_cleanup_purges_published, relay_keeps_commit_order,
+    claimed_ahead_batch_past_its_lease_is_handed_back, relay_backs_off_then_dead_letters,
+    relay_cleanup_purges_published, relay_keeps_commit_order,
     slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
 };
 pub use settling::{

@@ -262,7 +262,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             claimed: batch.rows.len(),
             ..BatchReport::default()
         };
-        let lease = Lease::new();
+        let lease = Lease::new(batch.claimed_at, self.options.lease);
         let outage = std::sync::Mutex::new(None);
         let seqs: Vec<i64> = batch.rows.iter().map(|row| row.seq).collect();
         let delivery = stream::iter(group_by_key(batch.rows))
@@ -270,13 +270,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             .buffer_unordered(self.options.concurrency)
             .flat_map(stream::iter)
             .collect::<Vec<Settlement>>();
-        let keeper = lease.keep(
-            &self.store,
-            batch.token,
-            &seqs,
-            self.options.lease,
-            batch.claimed_at,
-        );
+        let keeper = lease.keep(&self.store, batch.token, &seqs, self.options.lease);
         let settlements = match select(std::pin::pin!(delivery), std::pin::pin!(keeper)).await {
             Either::Left((settlements, keeper)) => {
                 lease.delivered();

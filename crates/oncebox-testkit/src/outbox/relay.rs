@@ -752,3 +752,87 @@ pub async fn stop_hands_back_unstarted_rows<H: OutboxHarness>(harness: &H) {
     let expected: Vec<String> = (0..ROWS).map(|i| format!("stopping/{i}")).collect();
     assert_eq!(labels, expected, "each row once, in order");
 }
+
+/// A batch claimed ahead waits while the batch before it is published; if that takes
+/// longer than the lease, the waiting batch's lease ends unrenewed and another relay may
+/// claim its rows. When its turn comes, the first relay must hand it back, not publish
+/// it: here relay 1 publishes a full batch of key `slow` for 1.8 s (a 1 s lease, renewed)
+/// while the batch of key `ahead` it claimed beside it waits; relay 2 starts after that
+/// lease ended and publishes the `ahead` rows. No key is ever in flight on both relays,
+/// and every row is published once.
+pub async fn claimed_ahead_batch_past_its_lease_is_handed_back<H: OutboxHarness>(harness: &H) {
+    let lease = Duration::from_secs(1);
+    let messages = vec![
+        message(Some("slow"), "slow/0"),
+        message(Some("slow"), "slow/1"),
+        message(Some("ahead"), "ahead/0"),
+        message(Some("ahead"), "ahead/1"),
+    ];
+    ok("enqueue", harness.enqueue(&messages).await);
+    let broker = MemoryBroker::new();
+    let in_flight = Arc::default();
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    let relay = |relay: usize, delay: Duration| {
+        let publisher = SlowTracking {
+            inner: broker.publisher(),
+            relay,
+            delay,
+            in_flight: Arc::clone(&in_flight),
+            overlaps: Arc::clone(&overlaps),
+        };
+        let options = relay_options(&format!("ahead-relay-{relay}"))
+            .batch_size(2)
+            .lease(lease)
+            // Longer than a publish (900 ms), shorter than the lease.
+            .dispatch_timeout(Duration::from_millis(950))
+            .poll_interval(Duration::from_millis(5), Duration::from_millis(20));
+        ok("relay", Relay::new(harness.store(), publisher, options))
+    };
+    let first = relay(1, Duration::from_millis(900));
+    let second = relay(2, Duration::from_millis(600));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let runs = async {
+        let second_run = async {
+            // After the `ahead` batch's lease (claimed at the start) has ended.
+            tokio::time::sleep(lease + Duration::from_millis(100)).await;
+            second.run_until(until_stopped(stopped.clone())).await
+        };
+        tokio::join!(first.run_until(until_stopped(stopped.clone())), second_run)
+    };
+    let watcher = async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while broker.published(TOPIC).len() < messages.len() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Let a relay that would publish a row twice do so before stopping.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = stop.send(true);
+    };
+    let ((first_run, second_run), ()) = within(
+        "relays with a batch claimed ahead",
+        Duration::from_secs(40),
+        async { tokio::join!(runs, watcher) },
+    )
+    .await;
+    ok("relay 1", first_run);
+    ok("relay 2", second_run);
+    let overlaps = overlaps
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert!(
+        overlaps.is_empty(),
+        "a batch claimed ahead was published after its lease ended, beside the relay that \
+         took its rows over: {overlaps:?}"
+    );
+    let mut published: Vec<String> = broker.published(TOPIC).iter().map(label).collect();
+    published.sort();
+    assert_eq!(
+        published,
+        ["ahead/0", "ahead/1", "slow/0", "slow/1"],
+        "each row published once"
+    );
+}
