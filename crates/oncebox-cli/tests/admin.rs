@@ -205,11 +205,7 @@ async fn replay_purge_and_publish(dir: &Path, config: &Path, prefix: &str) {
     );
     relay.stop_cleanly(Duration::from_secs(10));
 
-    let mut redis = redis::Client::open(support::redis_url())
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let key = format!("{prefix}:orders");
     let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
         .arg(&key)

@@ -177,11 +177,7 @@ stats_interval = "200ms"
         ),
     );
     run_ok(&config, &["migrate"]);
-    let client = redis::Client::open(support::redis_url()).expect("a Redis URL");
-    let mut redis = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let length = {
         let key = key.clone();
         let redis = redis.clone();
@@ -326,11 +322,7 @@ batch_size = 50
     for relay in &mut relays {
         relay.stop_cleanly(STOP);
     }
-    let client = redis::Client::open(support::redis_url()).expect("a Redis URL");
-    let mut redis = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let seen = read_stream(&mut redis, &key).await;
     assert_eq!(
         audit(&seen, ORDERS, CUSTOMERS),
@@ -511,11 +503,7 @@ poll_max = "200ms"
     relay.wait_ready(Duration::from_secs(30));
     relay.stop_cleanly(STOP);
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
-    let mut redis = redis::Client::open(support::redis_url())
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let _: Result<(), _> = redis::cmd("DEL")
         .arg(format!("{prefix}orders"))
         .query_async(&mut redis)
@@ -546,11 +534,7 @@ async fn enqueue_sqlite(db: &std::path::Path, topic: &str, key: &str, count: usi
 }
 
 async fn stream_length(key: &str) -> u64 {
-    let mut redis = redis::Client::open(support::redis_url())
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     redis::cmd("XLEN")
         .arg(key)
         .query_async(&mut redis)
@@ -559,11 +543,7 @@ async fn stream_length(key: &str) -> u64 {
 }
 
 async fn delete_streams(keys: &[String]) {
-    let mut redis = redis::Client::open(support::redis_url())
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut redis).await;
 }
 
@@ -743,11 +723,7 @@ async fn debezium_producers_are_relayed_by_the_service() {
         (published(&config) == 50).then_some(())
     });
     relay.stop_cleanly(STOP);
-    let mut redis = redis::Client::open(support::redis_url())
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers");
+    let mut redis = support::redis().await;
     let key = format!("{prefix}evt.order");
     let seen = read_stream(&mut redis, &key).await;
     assert_eq!(audit(&seen, 50, 5), 0);

@@ -15,6 +15,7 @@ pub(crate) use receive::{ReceiveArgs, receive};
 pub(crate) use relay::relay;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -56,4 +57,14 @@ impl Started {
             http::serve(listener, self.metrics.clone(), ready);
         }
     }
+}
+
+/// How long a readiness check waits for the store or the broker.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The part of readiness both services share: the store answers, and the broker's
+/// connection is up where its client keeps one.
+async fn reachable(database: &Database, broker: &Broker) -> Result<(), String> {
+    database.ping(CHECK_TIMEOUT).await?;
+    broker.check(CHECK_TIMEOUT).await
 }

@@ -18,9 +18,6 @@ use super::http::ReadinessCheck;
 use super::stop::{self, Signals};
 use crate::config::{Config, ConfigError};
 
-/// How long a readiness check waits for the store or the broker.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Processed rows deleted per statement by the retention cleanup.
 const CLEANUP_BATCH: usize = 1000;
 
@@ -184,8 +181,7 @@ fn readiness(
         let broker = Arc::clone(&broker);
         let health = health.get().map(ConsumerHealthHandle::get);
         Box::pin(async move {
-            database.ping(CHECK_TIMEOUT).await?;
-            broker.check(CHECK_TIMEOUT).await?;
+            super::reachable(&database, &broker).await?;
             let Some(health) = health else {
                 return Err("starting: not receiving yet".to_owned());
             };

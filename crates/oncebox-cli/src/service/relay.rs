@@ -16,9 +16,6 @@ use super::http::ReadinessCheck;
 use super::stop::{self, Signals};
 use crate::config::Config;
 
-/// How long a readiness check waits for the store or the broker.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Runs `oncebox relay` on `config` until a signal stops it.
 pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
     let signals = Signals::listen().context("cannot listen to SIGTERM and SIGINT")?;
@@ -115,8 +112,7 @@ fn readiness(
         let broker = Arc::clone(&broker);
         let relays = relays.clone();
         Box::pin(async move {
-            database.ping(CHECK_TIMEOUT).await?;
-            broker.check(CHECK_TIMEOUT).await?;
+            super::reachable(&database, &broker).await?;
             for relay in &relays {
                 let health = relay.health();
                 if let Some(error) = health.claim_error {

@@ -26,6 +26,16 @@ pub fn redis_url() -> String {
     std::env::var("ONCEBOX_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// A connection to the Redis server of the tests.
+#[cfg(feature = "redis-streams")]
+pub async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers")
+}
+
 /// The MySQL / MariaDB server of the tests.
 pub fn mysql_url() -> String {
     std::env::var("ONCEBOX_MYSQL_URL")

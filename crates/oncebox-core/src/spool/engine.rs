@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::lease::Lease;
 use super::metrics::SpoolMetrics;
 use super::{
-    Backlog, ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
+    ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
     SpoolStore,
 };
 use crate::{Error, Fault, Result};
@@ -402,19 +402,6 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         self.metrics.settled(report);
     }
 
-    /// Reads the store's backlog into the metrics; whether the store tells it.
-    ///
-    /// # Errors
-    ///
-    /// A store error.
-    pub async fn sample_backlog(&self) -> Result<Option<Backlog>> {
-        let backlog = self.store.backlog().await?;
-        if let Some(backlog) = &backlog {
-            self.metrics.backlog(backlog);
-        }
-        Ok(backlog)
-    }
-
     /// Deletes done rows older than the retention, in batches of `cleanup_batch`, until
     /// none are left; returns how many were deleted.
     ///
@@ -599,8 +586,8 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
     /// store says it does not tell.
     async fn backlog_loop(&self, mut stopped: watch::Receiver<bool>) {
         loop {
-            match self.sample_backlog().await {
-                Ok(Some(_)) => {}
+            match self.store.backlog().await {
+                Ok(Some(backlog)) => self.metrics.backlog(&backlog),
                 Ok(None) => return,
                 Err(error) => {
                     self.metrics.backlog_failed();

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use super::{Backlog, BatchReport, PublishSink, Spool, SpoolHealth, SpoolOptions, SpoolStore};
+use super::{BatchReport, PublishSink, Spool, SpoolHealth, SpoolOptions, SpoolStore};
 use crate::{Message, Publisher, Result};
 
 /// The outbox relay: a [`Spool`] over an outbox table that publishes each message
@@ -45,15 +45,6 @@ impl<S: SpoolStore<Item = Message>, P: Publisher> Relay<S, P> {
     /// How the relay's loop fares: see [`Spool::health`].
     pub fn health(&self) -> SpoolHealth {
         self.spool.health()
-    }
-
-    /// Reads the outbox's backlog into the metrics: see [`Spool::sample_backlog`].
-    ///
-    /// # Errors
-    ///
-    /// A store error.
-    pub async fn sample_backlog(&self) -> Result<Option<Backlog>> {
-        self.spool.sample_backlog().await
     }
 
     /// One claim → publish → settle round: see [`Spool::run_once`].
