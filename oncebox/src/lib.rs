@@ -128,6 +128,7 @@
 //! | `rabbitmq` | `oncebox-rabbitmq` | the RabbitMQ transport |
 //! | `kafka` | `oncebox-kafka` | the Kafka transport (builds the bundled librdkafka) |
 //! | `http` | `oncebox-http` | the Idempotency-Key tower layer over any dedup store |
+//! | `otel` | `oncebox-core/otel` | OpenTelemetry trace context from the enqueue to the handler ([`guide::tracing`]) |
 //! | `full` | all of the above | |
 //!
 //! Each backend and transport is a crate of its own, so a build compiles only what it

@@ -217,6 +217,24 @@ impl Error {
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Self::InvalidMessage(_) | Self::InvalidOptions(_))
     }
+
+    /// The variant's name in snake case (`store`, `handler`, `lease_lost`...): a label of
+    /// bounded cardinality for metrics and the `error.type` of a span.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidMessage(_) => "invalid_message",
+            Self::Duplicate { .. } => "duplicate",
+            Self::Store { .. } => "store",
+            Self::Transport { .. } => "transport",
+            Self::Handler { .. } => "handler",
+            Self::LeaseLost => "lease_lost",
+            Self::Timeout(_) => "timeout",
+            Self::InvalidOptions(_) => "invalid_options",
+            Self::Closed => "closed",
+            Self::AtCapacity { .. } => "at_capacity",
+            Self::TaskLost(_) => "task_lost",
+        }
+    }
 }
 
 /// Why a message (outgoing or received from the wire) is not acceptable.

@@ -15,6 +15,9 @@
 //! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
 //! | [`memory`] | an exact in-memory dedup store, a layered store (an in-memory window of completed results in front of any dedup store) and an in-process broker with fault injection |
 //!
+//! With the feature `otel`, the spans of the outbox hop ([`trace`]) carry OpenTelemetry
+//! trace context from the enqueue to the handler.
+//!
 //! With the feature `sqlx` (which the SQL store crates turn on), [`Error`] converts from
 //! `sqlx::Error`, classified by SQLSTATE, so `?` works on queries inside handlers.
 //!
@@ -39,6 +42,7 @@ pub mod spool;
 pub mod sql;
 pub mod store;
 pub mod time;
+pub mod trace;
 pub mod wire;
 
 pub use backoff::Backoff;

@@ -38,6 +38,13 @@ pub trait Publisher: Send + Sync {
     /// Dropping the future may leave the message published or not: the relay treats it
     /// as not published and publishes it again, which consumers deduplicate.
     fn publish(&self, message: &Message) -> impl Future<Output = Result<()>> + Send;
+
+    /// The broker, as OpenTelemetry's `messaging.system` names it (`kafka`, `rabbitmq`,
+    /// `nats`, `redis`) on the relay's spans; [`trace::SYSTEM`](crate::trace::SYSTEM)
+    /// unless the transport says otherwise. Wrappers forward it.
+    fn messaging_system(&self) -> &'static str {
+        crate::trace::SYSTEM
+    }
 }
 
 /// Receives deliveries from a broker (a durable consumer, a consumer-group member, a
@@ -93,6 +100,12 @@ pub trait Delivery: Send + 'static {
     ///
     /// A transport error if the broker did not take it; the message is then redelivered.
     fn dead_letter(self, reason: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// The broker, as OpenTelemetry's `messaging.system` names it, on the consumer's
+    /// spans: see [`Publisher::messaging_system`].
+    fn messaging_system(&self) -> &'static str {
+        crate::trace::SYSTEM
+    }
 }
 
 /// A shared publisher publishes as the one it shares: several relays of one process
@@ -100,5 +113,9 @@ pub trait Delivery: Send + 'static {
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn publish(&self, message: &Message) -> impl Future<Output = Result<()>> + Send {
         (**self).publish(message)
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        (**self).messaging_system()
     }
 }

@@ -232,6 +232,10 @@ impl Publisher for KafkaPublisher {
             }
         }
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "kafka"
+    }
 }
 
 impl fmt::Debug for KafkaPublisher {

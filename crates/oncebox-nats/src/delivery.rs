@@ -160,6 +160,10 @@ impl Delivery for JetStreamDelivery {
         )
         .await
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "nats"
+    }
 }
 
 impl fmt::Debug for JetStreamDelivery {

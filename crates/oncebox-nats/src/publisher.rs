@@ -79,6 +79,10 @@ impl Publisher for JetStreamPublisher {
         publish_confirmed(&self.shared, subject, headers, message.payload.clone()).await?;
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "nats"
+    }
 }
 
 /// The NATS headers carrying `message` in `wire` format, then `Nats-Msg-Id`.

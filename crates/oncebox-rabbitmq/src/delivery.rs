@@ -120,6 +120,10 @@ impl Delivery for RabbitDelivery {
             .await?;
         self.ack().await
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
 }
 
 fn settled(result: lapin::Result<bool>) -> Result<()> {

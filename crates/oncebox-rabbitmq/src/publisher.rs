@@ -110,6 +110,10 @@ impl Publisher for RabbitPublisher {
             })
             .await
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
 }
 
 impl fmt::Debug for RabbitPublisher {

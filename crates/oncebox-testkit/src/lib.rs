@@ -14,6 +14,7 @@
 //! | [`dedup`] | [`dedup::DedupHarness`] | the dedup store state machine, leases, fencing, TTL |
 //! | [`transport`] | [`transport::TransportHarness`] | publish/confirm, redelivery, dead letters, order, groups, restarts |
 //! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
+//! | `trace` (feature `otel`) | a transport's, an outbox's and an inbox's | one trace from an HTTP request through the relay and the broker to the handler |
 //!
 //! [`checks`] lists every check of each suite, so that a backend's tests run them all, and
 //! holds the compile-time contracts every store meets.
@@ -28,4 +29,6 @@ pub mod outbox;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod support;
+#[cfg(feature = "otel")]
+pub mod trace;
 pub mod transport;

@@ -134,3 +134,37 @@ async fn end_to_end_sqlite_outbox_to_inbox() -> Result<()> {
     );
     Ok(())
 }
+
+/// The trace checks on the in-process broker, the reference the real brokers' runs are
+/// read against.
+#[cfg(all(feature = "sqlite", feature = "otel"))]
+mod trace {
+    use std::sync::Arc;
+
+    use oncebox_core::Result;
+    use oncebox_testkit::sqlite::SqliteHarness;
+
+    use super::MemoryHarness;
+
+    #[tokio::test]
+    async fn request_to_handler_is_one_trace() -> Result<()> {
+        let store = Arc::new(SqliteHarness::new().await);
+        oncebox_testkit::trace::request_to_handler(
+            &MemoryHarness::new(),
+            Arc::clone(&store),
+            &*store,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn request_to_durable_handler_is_one_trace_across_relays() -> Result<()> {
+        let store = Arc::new(SqliteHarness::new().await);
+        oncebox_testkit::trace::request_to_durable_handler(
+            &MemoryHarness::new(),
+            Arc::clone(&store),
+            &*store,
+        )
+        .await
+    }
+}

@@ -71,6 +71,10 @@ impl<P: Publisher> Publisher for CrashingPublisher<P> {
         }
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
 }
 
 /// Hands out deliveries whose ack can "crash" after the handler's transaction committed.
@@ -115,5 +119,9 @@ impl<D: Delivery> Delivery for CrashingDelivery<D> {
 
     async fn dead_letter(self, reason: &str) -> Result<()> {
         self.inner.dead_letter(reason).await
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
     }
 }

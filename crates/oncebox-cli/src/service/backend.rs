@@ -521,6 +521,18 @@ impl Publisher for AnyPublisher {
             Self::RedisStreams(publisher) => publisher.publish(message).await,
         }
     }
+
+    fn messaging_system(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.messaging_system(),
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.messaging_system(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(publisher) => publisher.messaging_system(),
+            Self::RedisStreams(publisher) => publisher.messaging_system(),
+        }
+    }
 }
 
 /// The subscriber of any broker in the build (boxed: their sizes differ by kilobytes).
@@ -590,6 +602,10 @@ impl Delivery for AnyDelivery {
 
     async fn dead_letter(self, reason: &str) -> Result<()> {
         each_delivery!(self, delivery => delivery.dead_letter(reason).await)
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        each_delivery!(self, delivery => delivery.messaging_system())
     }
 }
 

@@ -157,4 +157,8 @@ impl Publisher for TopicMap {
             }
         }
     }
+
+    fn messaging_system(&self) -> &'static str {
+        self.publisher.messaging_system()
+    }
 }

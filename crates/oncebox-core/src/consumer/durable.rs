@@ -6,7 +6,8 @@ use super::process::unwind_as_error;
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::spool::{Claimed, Sink, Spool, SpoolOptions};
 use crate::store::{Accepted, DurableInboxStore};
-use crate::{Received, Result};
+use crate::{Received, Result, trace};
+use tracing::Instrument;
 
 /// The receiving half of the durable inbox: stores each delivery under its dedup id and
 /// acks the broker at once, so the broker's redelivery limits and retention no longer
@@ -66,6 +67,7 @@ impl<S: DurableInboxStore> DurableInbox<S> {
         let sink = HandlerSink {
             store: Arc::clone(&self.store),
             handler,
+            consumer: self.options.consumer.clone(),
         };
         Spool::new(Arc::clone(&self.store), sink, options)
     }
@@ -90,10 +92,24 @@ impl<S: DurableInboxStore> Process for DurableInbox<S> {
 pub struct HandlerSink<S, H> {
     store: Arc<S>,
     handler: H,
+    /// The consumer's name, for its spans.
+    consumer: String,
 }
 
 impl<S: DurableInboxStore, H: TxHandler<S::Tx>> Sink<Received> for HandlerSink<S, H> {
     async fn deliver(&self, claimed: &Claimed<Received>) -> Result<()> {
+        let span = trace::process(trace::SYSTEM, &self.consumer, &claimed.item);
+        let delivered = self.deliver_in_span(claimed).instrument(span.clone()).await;
+        match &delivered {
+            Ok(()) => trace::record_outcome(&span, &Outcome::Handled),
+            Err(error) => trace::record_error(&span, error),
+        }
+        delivered
+    }
+}
+
+impl<S: DurableInboxStore, H: TxHandler<S::Tx>> HandlerSink<S, H> {
+    async fn deliver_in_span(&self, claimed: &Claimed<Received>) -> Result<()> {
         let mut tx = self.store.begin().await?;
         let result = unwind_as_error(self.handler.handle(&claimed.item, &mut tx))
             .await?

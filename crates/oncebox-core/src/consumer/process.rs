@@ -41,6 +41,23 @@ pub enum Outcome {
     HandledUnguarded,
 }
 
+impl Outcome {
+    /// The outcome's label in metrics (`oncebox_consumer_messages_total`) and spans:
+    /// `handled`, `duplicate`, `stored`, `in_progress`, `retried`, `dead_lettered` or
+    /// `unguarded`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Handled => "handled",
+            Self::Duplicate => "duplicate",
+            Self::Stored => "stored",
+            Self::InProgress { .. } => "in_progress",
+            Self::Retrying { .. } => "retried",
+            Self::DeadLettered { .. } => "dead_lettered",
+            Self::HandledUnguarded => "unguarded",
+        }
+    }
+}
+
 /// Processes one received message, without settling it with the broker: implemented by
 /// the three consumer engines, run by [`Consumer`](super::Consumer), which acks, nacks,
 /// holds or dead-letters the delivery by the result.

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::ConsumerHealthHandle;
 use super::metrics::ConsumerMetrics;
 use super::process::{OnFailure, on_failure, unwind_as_error};
 use super::{Outcome, Process};
-use crate::{Delivery, Error, Received, Result, Subscriber};
+use crate::{Delivery, Error, Received, Result, Subscriber, trace};
 
 /// Called with each delivery and its outcome (metrics, progress, tests).
 type Observer = Arc<dyn Fn(&Received, &Outcome) + Send + Sync>;
@@ -224,13 +225,35 @@ pub async fn process_delivery<P: Process, D: Delivery>(
     }
 }
 
-/// Processes `delivery` (again while the store is out) and settles it; `None` when it
-/// was nacked because `stopped` said so while it was held.
+/// Processes `delivery` (again while the store is out) and settles it, in the
+/// delivery's `process` span; `None` when it was nacked because `stopped` said so while
+/// it was held.
 async fn settle<P: Process, D: Delivery>(
+    processor: &P,
+    delivery: D,
+    stopped: Option<&mut watch::Receiver<bool>>,
+    metrics: &ConsumerMetrics,
+) -> Result<Option<Outcome>> {
+    let span = trace::process(
+        delivery.messaging_system(),
+        &processor.options().consumer,
+        delivery.received(),
+    );
+    let settled = settle_in_span(processor, delivery, stopped, metrics, &span)
+        .instrument(span.clone())
+        .await;
+    if let Ok(Some(outcome)) = &settled {
+        trace::record_outcome(&span, outcome);
+    }
+    settled
+}
+
+async fn settle_in_span<P: Process, D: Delivery>(
     processor: &P,
     delivery: D,
     mut stopped: Option<&mut watch::Receiver<bool>>,
     metrics: &ConsumerMetrics,
+    span: &tracing::Span,
 ) -> Result<Option<Outcome>> {
     let options = processor.options();
     let attempts = delivery.received().delivery_count.max(1);
@@ -253,7 +276,12 @@ async fn settle<P: Process, D: Delivery>(
             }
             Err(error) => error,
         };
-        match on_failure(&error, attempts, outages, options) {
+        let decided = on_failure(&error, attempts, outages, options);
+        if !matches!(decided, OnFailure::Hold { .. }) {
+            // An outage held through is not this delivery's failure.
+            trace::record_error(span, &error);
+        }
+        match decided {
             OnFailure::Retry { delay } => {
                 tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
                 delivery.nack(delay).await?;

@@ -10,6 +10,7 @@ use futures_util::future::{Either, select};
 use futures_util::stream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::lease::Lease;
 use super::metrics::SpoolMetrics;
@@ -265,11 +266,13 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         let lease = Lease::new(batch.claimed_at, self.options.lease);
         let outage = std::sync::Mutex::new(None);
         let seqs: Vec<i64> = batch.rows.iter().map(|row| row.seq).collect();
+        let span = self.sink.batch_span(&batch.rows);
         let delivery = stream::iter(group_by_key(batch.rows))
             .map(|rows| self.dispatch_key(rows, &lease, &outage))
             .buffer_unordered(self.options.concurrency)
             .flat_map(stream::iter)
-            .collect::<Vec<Settlement>>();
+            .collect::<Vec<Settlement>>()
+            .instrument(span);
         let keeper = lease.keep(&self.store, batch.token, &seqs, self.options.lease);
         let settlements = match select(std::pin::pin!(delivery), std::pin::pin!(keeper)).await {
             Either::Left((settlements, keeper)) => {

@@ -109,6 +109,10 @@ impl Delivery for KafkaDelivery {
         );
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "kafka"
+    }
 }
 
 impl fmt::Debug for KafkaDelivery {

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result};
+use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result, trace};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
+use tracing::Instrument;
 
 pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
 
@@ -168,6 +169,19 @@ impl MySqlOutbox {
         check_chars("kind", &message.kind, MAX_NAME_CHARS)?;
         if let Some(key) = &message.key {
             check_bytes("key", key, MAX_KEY_BYTES)?;
+        }
+        let (span, headers) = trace::creation(message);
+        self.insert(conn, message, &headers).instrument(span).await
+    }
+
+    /// The statements of [`enqueue`](Self::enqueue): the key's lock, then the row.
+    async fn insert(
+        &self,
+        conn: &mut MySqlConnection,
+        message: &Message,
+        headers: &Headers,
+    ) -> Result<()> {
+        if let Some(key) = &message.key {
             query(LOCK_KEY)
                 .bind(key.as_bytes().to_vec())
                 .fetch_optional(&mut *conn)
@@ -179,7 +193,7 @@ impl MySqlOutbox {
             .bind(message.topic.clone())
             .bind(message.key.as_ref().map(|key| key.as_bytes().to_vec()))
             .bind(message.kind.clone())
-            .bind(message.headers.to_json())
+            .bind(headers.to_json())
             .bind(message.payload.to_vec())
             .bind(to_unix_millis(message.created_at))
             .execute(&mut *conn)

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
-use oncebox_core::{Error, Headers, InvalidMessage, Limits, Message, MessageId, Result};
+use oncebox_core::{Error, Headers, InvalidMessage, Limits, Message, MessageId, Result, trace};
 use sqlx::postgres::{PgConnection, PgPool};
+use tracing::Instrument;
 
 pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
 pub use debezium::{DebeziumLayout, DebeziumPayload};
@@ -220,15 +221,17 @@ impl PgOutbox {
         } else {
             &self.sql.enqueue
         };
+        let (span, headers) = trace::creation(message);
         let result = query(statement)
             .bind(message.id.to_string())
             .bind(topic)
             .bind(message.key.clone())
             .bind(message.kind.clone())
-            .bind(message.headers.to_json())
+            .bind(headers.to_json())
             .bind(message.payload.to_vec())
             .bind(to_micros(message.created_at))
             .fetch_optional(&mut *conn)
+            .instrument(span)
             .await;
         match result {
             Ok(Some(_)) => Ok(()),

@@ -222,6 +222,10 @@ impl Delivery for RedisStreamDelivery {
         self.link.wakeups.remove(self.wakeup);
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
 }
 
 impl fmt::Debug for RedisStreamDelivery {

@@ -114,6 +114,10 @@ impl Publisher for RedisStreamPublisher {
             })),
         }
     }
+
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
 }
 
 impl fmt::Debug for RedisStreamPublisher {

@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result};
+use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result, trace};
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 pub use admin::{DeadLetter, OutboxStats, RowState, RowStatus};
 
@@ -112,16 +113,18 @@ impl SqliteOutbox {
     pub async fn enqueue(&self, conn: &mut SqliteConnection, message: &Message) -> Result<()> {
         message.validate(&self.limits)?;
         let now = to_unix_millis(SystemTime::now());
+        let (span, headers) = trace::creation(message);
         let result = sqlx::query(sql::ENQUEUE)
             .bind(message.id.to_string())
             .bind(message.topic.clone())
             .bind(message.key.clone())
             .bind(message.kind.clone())
-            .bind(message.headers.to_json())
+            .bind(headers.to_json())
             .bind(message.payload.to_vec())
             .bind(to_unix_millis(message.created_at))
             .bind(now)
             .execute(&mut *conn)
+            .instrument(span)
             .await;
         match result {
             Ok(_) => Ok(()),

@@ -1,0 +1,677 @@
+//! One trace across the outbox hop (feature `otel`): an HTTP request handled by an axum
+//! service enqueues an order; the relay publishes it through the transport under test; a
+//! consumer handles it. The spans are captured by an in-memory OpenTelemetry exporter
+//! and checked against the `oncebox_core::trace` table: the handler runs in the request's
+//! trace, as the child of the enqueue's `create` span and linked to it; the relay's
+//! `send` span links to the same creation context and the `traceparent` reaches the
+//! consumer unchanged.
+//!
+//! | check | proves |
+//! |---|---|
+//! | [`request_to_handler`] | through a [`TransactionalInbox`]: the request's trace id in the handler, a redelivered copy skipped as `duplicate` in the same trace, and a message whose stored `traceparent` is malformed published and handled in a fresh trace, with a warning |
+//! | [`request_to_durable_handler`] | through a [`DurableInbox`] and its processor, with the relay stopped and a new one started between two requests: the context survives in the outbox and inbox tables |
+//!
+//! The spans are captured by a subscriber set as the thread's default for the check's
+//! duration: run the checks on a current-thread runtime (plain `#[tokio::test]`), so
+//! that every task of the check is polled on that thread.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::post;
+use oncebox_core::consumer::{
+    Consumer, ConsumerOptions, DurableInbox, Outcome, TransactionalInbox, TxHandler,
+};
+use oncebox_core::spool::{Relay, SpoolOptions};
+use oncebox_core::{Bytes, Error, Message, Publisher, Received, Result, TRACEPARENT};
+use opentelemetry::trace::{SpanId, SpanKind, TraceContextExt, TraceId, TracerProvider};
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use tokio::sync::watch;
+use tower::ServiceExt;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+
+use crate::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use crate::outbox::OutboxHarness;
+use crate::support::within;
+use crate::transport::TransportHarness;
+
+/// Checks the trace of one request through `transport` into a [`TransactionalInbox`] on
+/// `inbox`, with a duplicate and a message carrying a malformed `traceparent`; see the
+/// [module docs](self).
+///
+/// # Errors
+///
+/// A store or transport error.
+///
+/// # Panics
+///
+/// When a span is missing, misnamed, unlinked or in the wrong trace, or a step takes
+/// longer than the harness's patience allows.
+pub async fn request_to_handler<T, O, I>(transport: &T, outbox: Arc<O>, inbox: &I) -> Result<()>
+where
+    T: TransportHarness,
+    O: OutboxHarness + 'static,
+    I: InboxHarness + 'static,
+{
+    let capture = Capture::start();
+    let patience = transport.patience() * 6;
+    let topic = transport.fresh_topic("trace").await?;
+    let group = format!("{topic}-billing");
+    let publisher = transport.publisher().await?;
+    let system = publisher.messaging_system();
+    let subscriber = transport.subscriber(&topic, &group).await?;
+
+    let handled = Handled::default();
+    let inbox_engine = TransactionalInbox::new(
+        inbox.store(),
+        Recorder::<I>::new(handled.clone()),
+        ConsumerOptions::new(group.clone()),
+    )?;
+    let outcomes = Arc::new(Mutex::new(Vec::<(String, Outcome)>::new()));
+    let consumer = Consumer::new(subscriber, inbox_engine).on_outcome({
+        let outcomes = Arc::clone(&outcomes);
+        move |received, outcome| {
+            let order = String::from_utf8_lossy(&received.payload).into_owned();
+            lock(&outcomes).push((order, outcome.clone()));
+        }
+    });
+    let relay = Relay::new(outbox.store(), publisher, options("trace"))?;
+    let stop = watch::Sender::new(false);
+
+    let steps = async {
+        let order = format!("order-{}", uuid_like());
+        let request_trace = place_order(Arc::clone(&outbox), &topic, &order).await;
+        let malformed = format!("malformed-{}", uuid_like());
+        let message = Message::new(topic.clone(), malformed.clone())
+            .with_key(malformed.clone())
+            .with_header(TRACEPARENT, MALFORMED)?;
+        outbox.enqueue(&[message]).await?;
+        let seen = handled.wait_for(&[&order, &malformed], patience).await;
+
+        // A copy of the delivered message, published again as a broker would redeliver it.
+        let first = &seen[&order];
+        let again = first.received.clone();
+        let copy = Message {
+            id: again.id.expect("oncebox's own message carries its id"),
+            topic: again.topic,
+            key: again.key,
+            kind: again.kind,
+            headers: again.headers,
+            payload: again.payload,
+            created_at: again.created_at.unwrap_or_else(std::time::SystemTime::now),
+        };
+        transport.publisher().await?.publish(&copy).await?;
+        within("[trace] the duplicate is skipped", patience, async {
+            while !lock(&outcomes)
+                .iter()
+                .any(|(o, outcome)| o == &order && *outcome == Outcome::Duplicate)
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        stop.send_replace(true);
+        Ok::<_, Error>((order, request_trace, malformed, seen))
+    };
+    let stopped = || {
+        let mut stop = stop.subscribe();
+        async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        }
+    };
+    let (relayed, consumed, steps) = tokio::join!(
+        relay.run_until(stopped()),
+        consumer.run_until(stopped()),
+        steps
+    );
+    relayed?;
+    consumed?;
+    let (order, request_trace, malformed, seen) = steps?;
+
+    let spans = capture.spans();
+    let first = &seen[&order];
+    assert_eq!(
+        first.trace_id, request_trace,
+        "[trace] the handler does not run in the request's trace"
+    );
+    assert_eq!(
+        inbox.count_effects(&order).await?,
+        1,
+        "[trace] the order's effect is not there exactly once"
+    );
+    let id = message_id(first);
+    let creation = spans.creation_of(&id, request_trace);
+    assert_eq!(
+        first.received.headers.get(TRACEPARENT),
+        Some(traceparent_of(creation).as_str()),
+        "[trace] the traceparent did not reach the consumer as the enqueue wrote it"
+    );
+    spans.check_send(&topic, system, creation);
+    let processed = spans.of(&id, "process");
+    for span in &processed {
+        check_process(span, &topic, system, &group, creation);
+    }
+    let mut outcomes: Vec<String> = processed
+        .iter()
+        .map(|s| attr(s, "oncebox.outcome"))
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        ["duplicate", "handled"],
+        "[trace] the first delivery and the duplicate are not both on the trace"
+    );
+
+    // The malformed traceparent: published, handled in a fresh trace, a warning.
+    let bad = &seen[&malformed];
+    assert_eq!(
+        bad.received.headers.get(TRACEPARENT),
+        Some(MALFORMED),
+        "[trace] the malformed traceparent was not carried unchanged"
+    );
+    let fresh = spans.of(&message_id(bad), "process");
+    assert_eq!(fresh.len(), 1, "[trace] the malformed message: {fresh:?}");
+    assert_eq!(
+        fresh[0].parent_span_id,
+        SpanId::INVALID,
+        "[trace] a fresh trace has no parent"
+    );
+    assert!(
+        fresh[0].links.is_empty(),
+        "[trace] nothing to link to: {:?}",
+        fresh[0].links
+    );
+    assert_eq!(attr(fresh[0], "oncebox.outcome"), "handled");
+    assert_eq!(fresh[0].span_context.trace_id(), bad.trace_id);
+    assert_eq!(inbox.count_effects(&malformed).await?, 1);
+    assert!(
+        capture.warned_about("traceparent is malformed"),
+        "[trace] no warning named the malformed traceparent: {:?}",
+        capture.warnings()
+    );
+    Ok(())
+}
+
+/// Checks the trace of two requests through `transport` into a [`DurableInbox`] on
+/// `inbox` and its processor, with the relay stopped after the first and a new relay
+/// started after the second was enqueued; see the [module docs](self).
+///
+/// # Errors
+///
+/// A store or transport error.
+///
+/// # Panics
+///
+/// When a span is missing, misnamed, unlinked or in the wrong trace, or a step takes
+/// longer than the harness's patience allows.
+pub async fn request_to_durable_handler<T, O, I>(
+    transport: &T,
+    outbox: Arc<O>,
+    inbox: &I,
+) -> Result<()>
+where
+    T: TransportHarness,
+    O: OutboxHarness + 'static,
+    I: DurableInboxHarness + 'static,
+{
+    let capture = Capture::start();
+    let patience = transport.patience() * 6;
+    let topic = transport.fresh_topic("trace-durable").await?;
+    let group = format!("{topic}-billing");
+    let system = transport.publisher().await?.messaging_system();
+    let subscriber = transport.subscriber(&topic, &group).await?;
+
+    let handled = Handled::default();
+    let store = inbox.durable(&group);
+    let durable = DurableInbox::new(store, ConsumerOptions::new(group.clone()))?;
+    let processor = durable.processor(
+        Recorder::<I>::new(handled.clone()),
+        options("trace-durable-inbox"),
+    )?;
+    let consumer = Consumer::new(subscriber, durable);
+    let stop = watch::Sender::new(false);
+    let stopped = || {
+        let mut stop = stop.subscribe();
+        async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        }
+    };
+
+    let steps = async {
+        let mut orders = Vec::new();
+        for round in 0..2 {
+            let order = format!("order-{round}-{}", uuid_like());
+            let trace = place_order(Arc::clone(&outbox), &topic, &order).await;
+            // A relay of its own each round: the first is stopped for good before the
+            // second order is enqueued, whose context waits in the table meanwhile.
+            let relay = Relay::new(
+                outbox.store(),
+                transport.publisher().await?,
+                options("trace"),
+            )?;
+            let done = handled.clone();
+            let waited = order.clone();
+            relay
+                .run_until(async move {
+                    done.wait_for(&[&waited], patience).await;
+                })
+                .await?;
+            orders.push((order, trace));
+        }
+        stop.send_replace(true);
+        Ok::<_, Error>(orders)
+    };
+    let (processed, consumed, steps) = tokio::join!(
+        processor.run_until(stopped()),
+        consumer.run_until(stopped()),
+        steps
+    );
+    processed?;
+    consumed?;
+    let orders = steps?;
+
+    let spans = capture.spans();
+    let seen = handled.seen.borrow().clone();
+    for (order, request_trace) in &orders {
+        assert_eq!(
+            seen[order].trace_id, *request_trace,
+            "[trace] the durable inbox's handler does not run in the request's trace"
+        );
+        assert_eq!(inbox.count_effects(order).await?, 1);
+        let id = message_id(&seen[order]);
+        let creation = spans.creation_of(&id, *request_trace);
+        spans.check_send(&topic, system, creation);
+        let processed = spans.of(&id, "process");
+        let stored: Vec<&&SpanData> = processed
+            .iter()
+            .filter(|span| attr(span, "oncebox.outcome") == "stored")
+            .collect();
+        assert_eq!(
+            stored.len(),
+            1,
+            "[trace] the store step of {order}: {processed:?}"
+        );
+        check_process(stored[0], &topic, system, &group, creation);
+        let handled: Vec<&&SpanData> = processed
+            .iter()
+            .filter(|span| attr(span, "oncebox.outcome") == "handled")
+            .collect();
+        assert_eq!(
+            handled.len(),
+            1,
+            "[trace] the processing of {order}: {processed:?}"
+        );
+        check_process(
+            handled[0],
+            &topic,
+            oncebox_core::trace::SYSTEM,
+            &group,
+            creation,
+        );
+    }
+    Ok(())
+}
+
+/// The id of the message the handler saw.
+fn message_id(seen: &Seen) -> String {
+    seen.received
+        .id
+        .map(|id| id.to_string())
+        .expect("oncebox's own messages carry their id")
+}
+
+/// A `traceparent` that is not one (its trace id is not hex).
+const MALFORMED: &str = "00-this-is-not-a-trace-id-01";
+
+/// The spool options of the checks: quick polls.
+fn options(name: &str) -> SpoolOptions {
+    SpoolOptions::new()
+        .name(name)
+        .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
+}
+
+fn uuid_like() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// Sends `POST /orders` with `order` as its body to an axum service whose handler
+/// enqueues the order's event in `outbox`; returns the request's trace id.
+async fn place_order<O: OutboxHarness + 'static>(
+    outbox: Arc<O>,
+    topic: &str,
+    order: &str,
+) -> TraceId {
+    let app = Router::new()
+        .route("/orders", post(enqueue_order::<O>))
+        .layer(middleware::from_fn(request_span))
+        .with_state((outbox, topic.to_owned()));
+    let request = Request::post("/orders")
+        .body(Body::from(order.to_owned()))
+        .expect("a valid request");
+    let response = app.oneshot(request).await.expect("axum is infallible");
+    assert_eq!(
+        response.status(),
+        StatusCode::CREATED,
+        "[trace] POST /orders failed"
+    );
+    let trace = response
+        .headers()
+        .get("x-trace-id")
+        .and_then(|id| id.to_str().ok())
+        .and_then(|id| TraceId::from_hex(id).ok())
+        .expect("the request span has a trace id");
+    assert_ne!(
+        trace,
+        TraceId::INVALID,
+        "[trace] the request was not traced"
+    );
+    trace
+}
+
+/// The service's handler: the order's event, enqueued in a transaction of the outbox.
+async fn enqueue_order<O: OutboxHarness>(
+    State((outbox, topic)): State<(Arc<O>, String)>,
+    order: String,
+) -> StatusCode {
+    let event = Message::new(topic, order.clone())
+        .with_key(order)
+        .with_kind("OrderPlaced");
+    match outbox.enqueue(&[event]).await {
+        Ok(()) => StatusCode::CREATED,
+        Err(error) => {
+            tracing::error!(%error, "enqueue failed");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+/// The server span of a request, as `tower-http`'s trace layer would open it; the
+/// response tells its trace id.
+async fn request_span(request: Request, next: Next) -> Response {
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %format_args!("{} {}", request.method(), request.uri().path()),
+        otel.kind = "server",
+        http.request.method = %request.method(),
+        url.path = %request.uri().path(),
+    );
+    let trace = span.context().span().span_context().trace_id();
+    let mut response = next.run(request).instrument(span).await;
+    if let Ok(value) = trace.to_string().parse() {
+        response.headers_mut().insert("x-trace-id", value);
+    }
+    response
+}
+
+/// What the handler saw of one order.
+#[derive(Debug, Clone)]
+struct Seen {
+    trace_id: TraceId,
+    received: Received,
+}
+
+/// The orders handled so far, by payload.
+#[derive(Clone, Default)]
+struct Handled {
+    seen: Arc<watch::Sender<HashMap<String, Seen>>>,
+}
+
+impl Handled {
+    fn record(&self, received: &Received) {
+        let seen = Seen {
+            trace_id: tracing::Span::current()
+                .context()
+                .span()
+                .span_context()
+                .trace_id(),
+            received: received.clone(),
+        };
+        let order = String::from_utf8_lossy(&received.payload).into_owned();
+        self.seen.send_modify(|map| {
+            map.entry(order).or_insert(seen);
+        });
+    }
+
+    /// Waits until every one of `orders` was handled; returns what was seen.
+    async fn wait_for(&self, orders: &[&str], patience: Duration) -> HashMap<String, Seen> {
+        let mut seen = self.seen.subscribe();
+        within("[trace] the orders are handled", patience, async {
+            let _ = seen
+                .wait_for(|map| orders.iter().all(|order| map.contains_key(*order)))
+                .await;
+        })
+        .await;
+        let seen = seen.borrow().clone();
+        seen
+    }
+}
+
+/// The handler: records what it saw and writes the order's effect.
+struct Recorder<I> {
+    handled: Handled,
+    _harness: std::marker::PhantomData<fn() -> I>,
+}
+
+impl<I> Recorder<I> {
+    fn new(handled: Handled) -> Self {
+        Self {
+            handled,
+            _harness: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<I: InboxHarness> TxHandler<TxOf<I>> for Recorder<I> {
+    type Output = Bytes;
+
+    async fn handle(&self, message: &Received, tx: &mut TxOf<I>) -> Result<Bytes> {
+        I::insert_effect(tx, &String::from_utf8_lossy(&message.payload)).await?;
+        self.handled.record(message);
+        Ok(Bytes::new())
+    }
+}
+
+/// An OpenTelemetry pipeline into memory, set as the thread's default subscriber until
+/// dropped, with the `oncebox` warnings beside it.
+struct Capture {
+    exporter: InMemorySpanExporter,
+    warnings: Arc<Mutex<Vec<String>>>,
+    _provider: SdkTracerProvider,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl Capture {
+    fn start() -> Self {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("oncebox-testkit")))
+            .with(Warnings(Arc::clone(&warnings)));
+        Self {
+            exporter,
+            warnings,
+            _provider: provider,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    fn spans(&self) -> Spans {
+        Spans(
+            self.exporter
+                .get_finished_spans()
+                .expect("the exporter is open"),
+        )
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        lock(&self.warnings).clone()
+    }
+
+    fn warned_about(&self, text: &str) -> bool {
+        self.warnings().iter().any(|warning| warning.contains(text))
+    }
+}
+
+/// Records the text of every `WARN` event of the `oncebox` targets.
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let metadata = event.metadata();
+        if *metadata.level() != tracing::Level::WARN || !metadata.target().starts_with("oncebox") {
+            return;
+        }
+        let mut text = String::new();
+        event.record(
+            &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
+                use std::fmt::Write;
+                let _ = write!(text, "{}={value:?} ", field.name());
+            },
+        );
+        lock(&self.0).push(text);
+    }
+}
+
+/// The finished spans.
+struct Spans(Vec<SpanData>);
+
+impl Spans {
+    /// The `create` span of message `id`, in `trace`, child of the request span.
+    fn creation_of(&self, id: &str, trace: TraceId) -> &SpanData {
+        let request = self
+            .0
+            .iter()
+            .find(|span| {
+                span.span_context.trace_id() == trace && span.span_kind == SpanKind::Server
+            })
+            .unwrap_or_else(|| panic!("[trace] no request span in trace {trace}"));
+        assert_eq!(request.name, "POST /orders");
+        let creations = self.of(id, "create");
+        assert_eq!(
+            creations.len(),
+            1,
+            "[trace] one create span for {id}: {creations:?}"
+        );
+        let creation = creations[0];
+        assert_eq!(
+            creation.span_context.trace_id(),
+            trace,
+            "[trace] the enqueue left the request's trace"
+        );
+        assert_eq!(creation.span_kind, SpanKind::Producer);
+        assert_eq!(
+            creation.parent_span_id,
+            request.span_context.span_id(),
+            "[trace] the create span is not the request's child"
+        );
+        assert!(creation.name.starts_with("create "), "{}", creation.name);
+        assert_eq!(
+            attr(creation, "messaging.system"),
+            oncebox_core::trace::SYSTEM
+        );
+        creation
+    }
+
+    /// The relay's `send` span linked to `creation`: named for `topic`, through `system`.
+    fn check_send(&self, topic: &str, system: &str, creation: &SpanData) {
+        let sends: Vec<&SpanData> = self
+            .0
+            .iter()
+            .filter(|span| links_to(span, creation))
+            .filter(|span| attr(span, "messaging.operation.type") == "send")
+            .collect();
+        assert!(
+            !sends.is_empty(),
+            "[trace] no send span links to the creation context"
+        );
+        for send in sends {
+            assert_eq!(send.name, format!("send {topic}"));
+            assert_eq!(send.span_kind, SpanKind::Client);
+            assert_eq!(attr(send, "messaging.system"), system);
+            assert_eq!(attr(send, "messaging.destination.name"), topic);
+            let count: i64 = attr(send, "messaging.batch.message_count")
+                .parse()
+                .expect("a batch size");
+            assert!(count >= 1, "[trace] a send span of {count} messages");
+        }
+    }
+
+    /// The spans of `operation` (`create`, `process`) on message `id`.
+    fn of(&self, id: &str, operation: &str) -> Vec<&SpanData> {
+        self.0
+            .iter()
+            .filter(|span| attr(span, "messaging.operation.type") == operation)
+            .filter(|span| attr(span, "messaging.message.id") == id)
+            .collect()
+    }
+}
+
+/// A consumer's `process` span: the child of `creation` and linked to it, with the
+/// messaging attributes.
+fn check_process(span: &SpanData, topic: &str, system: &str, group: &str, creation: &SpanData) {
+    assert_eq!(span.span_kind, SpanKind::Consumer, "[trace] {}", span.name);
+    assert_eq!(span.name, format!("process {topic}"));
+    assert_eq!(
+        span.span_context.trace_id(),
+        creation.span_context.trace_id(),
+        "[trace] the process span is not in the producer's trace"
+    );
+    assert_eq!(
+        span.parent_span_id,
+        creation.span_context.span_id(),
+        "[trace] the process span is not the create span's child"
+    );
+    assert!(
+        links_to(span, creation),
+        "[trace] the process span does not link to its creation"
+    );
+    assert_eq!(attr(span, "messaging.system"), system);
+    assert_eq!(attr(span, "messaging.destination.name"), topic);
+    assert_eq!(attr(span, "messaging.consumer.group.name"), group);
+    assert_eq!(attr(span, "messaging.operation.type"), "process");
+}
+
+fn links_to(span: &SpanData, creation: &SpanData) -> bool {
+    span.links
+        .iter()
+        .any(|link| link.span_context.span_id() == creation.span_context.span_id())
+}
+
+/// The `traceparent` a span's context is written as.
+fn traceparent_of(span: &SpanData) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        span.span_context.trace_id(),
+        span.span_context.span_id(),
+        span.span_context.trace_flags().to_u8()
+    )
+}
+
+/// The text of attribute `key` of `span`; empty when it has none.
+fn attr(span: &SpanData, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|KeyValue { key: k, .. }| k.as_str() == key)
+        .map(|kv| match &kv.value {
+            Value::String(text) => text.to_string(),
+            other => other.to_string(),
+        })
+        .unwrap_or_default()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
