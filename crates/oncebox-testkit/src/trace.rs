@@ -90,7 +90,7 @@ where
 
     let steps = async {
         let order = format!("order-{}", uuid_like());
-        let request_trace = place_order(Arc::clone(&outbox), &topic, &order).await;
+        let request = place_order(Arc::clone(&outbox), &topic, &order).await;
         let malformed = format!("malformed-{}", uuid_like());
         let message = Message::new(topic.clone(), malformed.clone())
             .with_key(malformed.clone())
@@ -121,7 +121,7 @@ where
         })
         .await;
         stop.send_replace(true);
-        Ok::<_, Error>((order, request_trace, malformed, seen))
+        Ok::<_, Error>((order, request, malformed, seen))
     };
     let stopped = || {
         let mut stop = stop.subscribe();
@@ -136,12 +136,14 @@ where
     );
     relayed?;
     consumed?;
-    let (order, request_trace, malformed, seen) = steps?;
+    let (order, request, malformed, seen) = steps?;
 
-    let spans = capture.spans();
     let first = &seen[&order];
+    let id = message_id(first);
+    let bad = &seen[&malformed];
+    let spans = capture.spans_of(&[&id, &message_id(bad)], patience).await;
     assert_eq!(
-        first.trace_id, request_trace,
+        first.trace_id, request.trace_id,
         "[trace] the handler does not run in the request's trace"
     );
     assert_eq!(
@@ -149,8 +151,7 @@ where
         1,
         "[trace] the order's effect is not there exactly once"
     );
-    let id = message_id(first);
-    let creation = spans.creation_of(&id, request_trace);
+    let creation = spans.creation_of(&id, &request);
     assert_eq!(
         first.received.headers.get(TRACEPARENT),
         Some(traceparent_of(creation).as_str()),
@@ -173,7 +174,6 @@ where
     );
 
     // The malformed traceparent: published, handled in a fresh trace, a warning.
-    let bad = &seen[&malformed];
     assert_eq!(
         bad.received.headers.get(TRACEPARENT),
         Some(MALFORMED),
@@ -251,7 +251,7 @@ where
         let mut orders = Vec::new();
         for round in 0..2 {
             let order = format!("order-{round}-{}", uuid_like());
-            let trace = place_order(Arc::clone(&outbox), &topic, &order).await;
+            let request = place_order(Arc::clone(&outbox), &topic, &order).await;
             // A relay of its own each round: the first is stopped for good before the
             // second order is enqueued, whose context waits in the table meanwhile.
             let relay = Relay::new(
@@ -266,7 +266,7 @@ where
                     done.wait_for(&[&waited], patience).await;
                 })
                 .await?;
-            orders.push((order, trace));
+            orders.push((order, request));
         }
         stop.send_replace(true);
         Ok::<_, Error>(orders)
@@ -280,16 +280,21 @@ where
     consumed?;
     let orders = steps?;
 
-    let spans = capture.spans();
     let seen = handled.seen.borrow().clone();
-    for (order, request_trace) in &orders {
+    let ids: Vec<String> = orders
+        .iter()
+        .map(|(order, _)| message_id(&seen[order]))
+        .collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let spans = capture.spans_of(&ids, patience).await;
+    for (order, request) in &orders {
         assert_eq!(
-            seen[order].trace_id, *request_trace,
+            seen[order].trace_id, request.trace_id,
             "[trace] the durable inbox's handler does not run in the request's trace"
         );
         assert_eq!(inbox.count_effects(order).await?, 1);
         let id = message_id(&seen[order]);
-        let creation = spans.creation_of(&id, *request_trace);
+        let creation = spans.creation_of(&id, request);
         spans.check_send(&topic, system, creation);
         let processed = spans.of(&id, "process");
         let stored: Vec<&&SpanData> = processed
@@ -344,13 +349,19 @@ fn uuid_like() -> String {
     format!("{:016x}", fastrand::u64(..))
 }
 
+/// The server span of a request: its trace and its own id.
+struct RequestSpan {
+    trace_id: TraceId,
+    span_id: SpanId,
+}
+
 /// Sends `POST /orders` with `order` as its body to an axum service whose handler
-/// enqueues the order's event in `outbox`; returns the request's trace id.
+/// enqueues the order's event in `outbox`; returns the request's span.
 async fn place_order<O: OutboxHarness + 'static>(
     outbox: Arc<O>,
     topic: &str,
     order: &str,
-) -> TraceId {
+) -> RequestSpan {
     let app = Router::new()
         .route("/orders", post(enqueue_order::<O>))
         .layer(middleware::from_fn(request_span))
@@ -364,18 +375,24 @@ async fn place_order<O: OutboxHarness + 'static>(
         StatusCode::CREATED,
         "[trace] POST /orders failed"
     );
-    let trace = response
-        .headers()
-        .get("x-trace-id")
-        .and_then(|id| id.to_str().ok())
-        .and_then(|id| TraceId::from_hex(id).ok())
-        .expect("the request span has a trace id");
+    let header = |name| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let span = RequestSpan {
+        trace_id: TraceId::from_hex(&header("x-trace-id")).unwrap_or(TraceId::INVALID),
+        span_id: SpanId::from_hex(&header("x-span-id")).unwrap_or(SpanId::INVALID),
+    };
     assert_ne!(
-        trace,
+        span.trace_id,
         TraceId::INVALID,
         "[trace] the request was not traced"
     );
-    trace
+    span
 }
 
 /// The service's handler: the order's event, enqueued in a transaction of the outbox.
@@ -396,7 +413,9 @@ async fn enqueue_order<O: OutboxHarness>(
 }
 
 /// The server span of a request, as `tower-http`'s trace layer would open it; the
-/// response tells its trace id.
+/// response tells its trace and span ids (the span itself may end after the response:
+/// sqlx's SQLite worker keeps the span of a connection's last statement until the
+/// connection is used again).
 async fn request_span(request: Request, next: Next) -> Response {
     let span = tracing::info_span!(
         "request",
@@ -405,10 +424,15 @@ async fn request_span(request: Request, next: Next) -> Response {
         http.request.method = %request.method(),
         url.path = %request.uri().path(),
     );
-    let trace = span.context().span().span_context().trace_id();
+    let context = span.context().span().span_context().clone();
     let mut response = next.run(request).instrument(span).await;
-    if let Ok(value) = trace.to_string().parse() {
-        response.headers_mut().insert("x-trace-id", value);
+    for (name, value) in [
+        ("x-trace-id", context.trace_id().to_string()),
+        ("x-span-id", context.span_id().to_string()),
+    ] {
+        if let Ok(value) = value.parse() {
+            response.headers_mut().insert(name, value);
+        }
     }
     response
 }
@@ -508,12 +532,23 @@ impl Capture {
         }
     }
 
-    fn spans(&self) -> Spans {
-        Spans(
-            self.exporter
-                .get_finished_spans()
-                .expect("the exporter is open"),
-        )
+    /// The finished spans, once a `create` and a `process` span of each message of `ids`
+    /// have ended.
+    async fn spans_of(&self, ids: &[&str], patience: Duration) -> Spans {
+        within("[trace] the spans of every message end", patience, async {
+            loop {
+                let finished = self.exporter.get_finished_spans();
+                let spans = Spans(finished.expect("the exporter is open"));
+                let ended = |id: &str| {
+                    !spans.of(id, "create").is_empty() && !spans.of(id, "process").is_empty()
+                };
+                if ids.iter().all(|id| ended(id)) {
+                    return spans;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
     }
 
     fn warnings(&self) -> Vec<String> {
@@ -549,16 +584,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
 struct Spans(Vec<SpanData>);
 
 impl Spans {
-    /// The `create` span of message `id`, in `trace`, child of the request span.
-    fn creation_of(&self, id: &str, trace: TraceId) -> &SpanData {
-        let request = self
-            .0
-            .iter()
-            .find(|span| {
-                span.span_context.trace_id() == trace && span.span_kind == SpanKind::Server
-            })
-            .unwrap_or_else(|| panic!("[trace] no request span in trace {trace}"));
-        assert_eq!(request.name, "POST /orders");
+    /// The `create` span of message `id`: the child of `request`.
+    fn creation_of(&self, id: &str, request: &RequestSpan) -> &SpanData {
         let creations = self.of(id, "create");
         assert_eq!(
             creations.len(),
@@ -568,13 +595,12 @@ impl Spans {
         let creation = creations[0];
         assert_eq!(
             creation.span_context.trace_id(),
-            trace,
+            request.trace_id,
             "[trace] the enqueue left the request's trace"
         );
         assert_eq!(creation.span_kind, SpanKind::Producer);
         assert_eq!(
-            creation.parent_span_id,
-            request.span_context.span_id(),
+            creation.parent_span_id, request.span_id,
             "[trace] the create span is not the request's child"
         );
         assert!(creation.name.starts_with("create "), "{}", creation.name);
