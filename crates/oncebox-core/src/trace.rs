@@ -69,7 +69,7 @@ pub fn creation(message: &Message) -> (Span, Cow<'_, Headers>) {
         messaging.operation.type = "create",
         messaging.operation.name = "enqueue",
         messaging.message.id = %message.id,
-        messaging.message.body.size = message.payload.len(),
+        messaging.message.body.size = message.payload.len() as u64,
     );
     #[cfg(feature = "otel")]
     if let Some(headers) = otel::with_context_of(&span, &message.headers) {
@@ -100,7 +100,7 @@ pub(crate) fn send<'m>(
         messaging.destination.name = topic,
         messaging.operation.type = "send",
         messaging.operation.name = "publish",
-        messaging.batch.message_count = count,
+        messaging.batch.message_count = count as u64,
     );
     #[cfg(feature = "otel")]
     if !span.is_disabled() {
@@ -126,7 +126,7 @@ pub(crate) fn process(system: &'static str, group: &str, received: &Received) ->
         messaging.operation.name = "process",
         messaging.consumer.group.name = %group,
         messaging.message.id = Empty,
-        messaging.message.body.size = received.payload.len(),
+        messaging.message.body.size = received.payload.len() as u64,
         messaging.destination.partition.id = received.coordinates.partition.map(tracing::field::display),
         oncebox.outcome = Empty,
         error.type = Empty,

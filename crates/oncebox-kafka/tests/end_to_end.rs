@@ -26,3 +26,33 @@ async fn outbox_to_inbox_through_kafka_effects_exactly_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// An HTTP request's trace reaches the transactional inbox's handler through Kafka
+/// (`oncebox_testkit::trace`): one trace id from the request to the handler, a duplicate
+/// on it as such, a malformed `traceparent` handled in a fresh trace.
+#[tokio::test]
+async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
+    let broker = KafkaHarness::new();
+    let store = std::sync::Arc::new(SqliteHarness::new().await);
+    let checked =
+        oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
+            .await;
+    broker.cleanup().await;
+    checked
+}
+
+/// The same through the durable inbox, with the relay replaced between two requests: the
+/// context survives in the outbox and inbox tables.
+#[tokio::test]
+async fn trace_of_a_request_survives_the_tables() -> oncebox_core::Result<()> {
+    let broker = KafkaHarness::new();
+    let store = std::sync::Arc::new(SqliteHarness::new().await);
+    let checked = oncebox_testkit::trace::request_to_durable_handler(
+        &broker,
+        std::sync::Arc::clone(&store),
+        &*store,
+    )
+    .await;
+    broker.cleanup().await;
+    checked
+}

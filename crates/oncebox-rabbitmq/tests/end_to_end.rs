@@ -17,3 +17,31 @@ async fn sqlite_outbox_to_rabbitmq_to_sqlite_inbox() -> oncebox_core::Result<()>
     println!("RabbitMQ end to end: {report}");
     Ok(())
 }
+
+/// An HTTP request's trace reaches the transactional inbox's handler through RabbitMQ
+/// (`oncebox_testkit::trace`): one trace id from the request to the handler, a duplicate
+/// on it as such, a malformed `traceparent` handled in a fresh trace.
+#[tokio::test]
+async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
+    let broker = RabbitHarness::new();
+    let store = std::sync::Arc::new(SqliteHarness::new().await);
+    let checked =
+        oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
+            .await;
+    checked
+}
+
+/// The same through the durable inbox, with the relay replaced between two requests: the
+/// context survives in the outbox and inbox tables.
+#[tokio::test]
+async fn trace_of_a_request_survives_the_tables() -> oncebox_core::Result<()> {
+    let broker = RabbitHarness::new();
+    let store = std::sync::Arc::new(SqliteHarness::new().await);
+    let checked = oncebox_testkit::trace::request_to_durable_handler(
+        &broker,
+        std::sync::Arc::clone(&store),
+        &*store,
+    )
+    .await;
+    checked
+}
