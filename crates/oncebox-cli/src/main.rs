@@ -21,6 +21,7 @@ mod bench;
 mod config;
 mod demo;
 mod service;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,7 @@ use std::sync::LazyLock;
 use clap::{Parser, Subcommand};
 
 use config::{Config, ConfigError, Overrides};
+use telemetry::Tracing;
 
 /// `--version`: the version, then the stores and brokers in this build.
 static VERSION: LazyLock<String> = LazyLock::new(|| {
@@ -131,19 +133,30 @@ impl From<oncebox::Error> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                // The services report what they do; the one-shot commands only errors.
-                match cli.command {
-                    Command::Relay | Command::Receive(_) => "info".into(),
-                    _ => "error".into(),
-                }
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // The demo and the benchmarks take their own flags, not the service configuration.
+    let config = match cli.command {
+        Command::Demo(_) | Command::Bench(_) => None,
+        _ => match Config::load(&cli.overrides) {
+            Ok(config) => Some(config),
+            Err(error) => return configuration_error(&error),
+        },
+    };
+    // The services report what they do, and export spans where configured; the one-shot
+    // commands report only errors.
+    let telemetry = match (&cli.command, &config) {
+        (Command::Relay, Some(config)) => {
+            telemetry::init("info", Tracing::Services(config, "oncebox-relay"))
+        }
+        (Command::Receive(_), Some(config)) => {
+            telemetry::init("info", Tracing::Services(config, "oncebox-receive"))
+        }
+        (Command::Bench(_), _) => telemetry::init("error", Tracing::Bench),
+        _ => telemetry::init("error", Tracing::Off),
+    };
+    let telemetry = match telemetry {
+        Ok(telemetry) => telemetry,
+        Err(error) => return configuration_error(&error),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -154,16 +167,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(cli));
+    let result = runtime.block_on(run(cli, config));
     // A stop cut short leaves work on blocking threads (a Kafka client's flush): exit
     // without waiting for it.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    // The last spans are exported outside the runtime.
+    drop(telemetry);
     match result {
         Ok(code) => code,
-        Err(Failure::Config(error)) => {
-            eprintln!("oncebox: configuration: {error}");
-            ExitCode::from(2)
-        }
+        Err(Failure::Config(error)) => configuration_error(&error),
         Err(Failure::Work(error)) => {
             eprintln!("oncebox: {error:#}");
             ExitCode::FAILURE
@@ -171,8 +183,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<ExitCode, Failure> {
-    // The demo and the benchmarks take their own flags, not the service configuration.
+/// Reports a configuration that cannot work: one line, status 2.
+fn configuration_error(error: &ConfigError) -> ExitCode {
+    eprintln!("oncebox: configuration: {error}");
+    ExitCode::from(2)
+}
+
+async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
     let command = match cli.command {
         Command::Demo(args) => {
             let config = demo::DemoConfig {
@@ -186,7 +203,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Bench(args) => return Ok(bench::run(args).await?),
         command => command,
     };
-    let config = Config::load(&cli.overrides)?;
+    let Some(config) = config else {
+        unreachable!("main loads the configuration of every command but the demo and bench")
+    };
     let code = match command {
         Command::Relay => service::relay(&config).await?,
         Command::Receive(args) => service::receive(&config, &args).await?,

@@ -256,6 +256,27 @@ fn a_password_in_a_url_is_refused_without_being_shown() {
     assert!(!line.contains("hunter2secret"), "{line}");
 }
 
+/// `otel.endpoint`: plain HTTP to a collector, no credentials in the URL (and none
+/// shown); in a build without the feature `otel`, refused with the feature named.
+#[test]
+fn an_unusable_otel_endpoint_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    if cfg!(feature = "otel") {
+        for (endpoint, needle) in [
+            ("https://collector:4318", "must be http://"),
+            ("http://user:hunter2secret@collector:4318", "no credentials"),
+            ("collector:4318", "otel.endpoint"),
+        ] {
+            let config = config_with(dir.path(), &format!("[otel]\nendpoint = \"{endpoint}\"\n"));
+            let line = refused(dir.path(), &config, &[], needle);
+            assert!(!line.contains("hunter2secret"), "{line}");
+        }
+    } else {
+        let config = config_with(dir.path(), "[otel]\nendpoint = \"http://127.0.0.1:4318\"\n");
+        refused(dir.path(), &config, &[], "feature otel");
+    }
+}
+
 #[test]
 fn a_nats_stream_needs_a_subject_prefix() {
     let dir = tempfile::tempdir().expect("a directory");

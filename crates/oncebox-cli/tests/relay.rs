@@ -730,3 +730,100 @@ async fn debezium_producers_are_relayed_by_the_service() {
     delete_streams(&[key]).await;
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
+
+/// `otel.endpoint` makes `oncebox relay` and `oncebox receive` export their spans over
+/// OTLP/HTTP. A producer outside Rust wrote a `traceparent` into the row's headers: the
+/// relay's `send` span links to it, and the receiver's `process` span continues its
+/// trace as its child, in a stand-in collector that decodes what it is sent.
+#[cfg(feature = "otel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_and_receive_export_their_spans_over_otlp() {
+    let collector = support::Collector::start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("shop.db");
+    let prefix = format!("{}:", support::unique("relay_otel"));
+    let config = write_config(
+        dir.path(),
+        "oncebox.toml",
+        &format!(
+            "[store]\nurl = \"sqlite://{db}\"\n\n[broker]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\n\
+             [receive]\ntopic = \"orders\"\nconsumer = \"billing\"\n\n[otel]\nendpoint = \"{otlp}\"\n",
+            db = db.display(),
+            redis = support::redis_url(),
+            otlp = collector.endpoint(),
+        ),
+    );
+    run_ok(&config, &["migrate"]);
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let store = oncebox::sqlite::SqliteStore::connect(&db)
+        .await
+        .expect("the database opens");
+    let message = oncebox::Message::new("orders", r#"{"order_id":"o-1"}"#)
+        .with_key("c-1")
+        .with_header("traceparent", format!("00-{trace}-{parent}-01"))
+        .expect("a valid header");
+    let mut tx = store.pool().begin().await.expect("a transaction");
+    store
+        .outbox()
+        .enqueue(&mut tx, &message)
+        .await
+        .expect("enqueued");
+    tx.commit().await.expect("committed");
+    store.pool().close().await;
+
+    let mut receive = Service::start(dir.path(), "receive", &config, &["receive"]);
+    receive.wait_ready(Duration::from_secs(30));
+    let mut relay = Service::start(dir.path(), "relay", &config, &["relay"]);
+    wait_for("the message stored", Duration::from_secs(30), || {
+        let metrics = receive.metrics()?;
+        let stored = sample(
+            &metrics,
+            "oncebox_consumer_messages_total",
+            r#"consumer="billing",outcome="stored""#,
+        )?;
+        (stored >= 1.0).then_some(())
+    });
+    relay.stop_cleanly(STOP);
+    receive.stop_cleanly(STOP);
+
+    let spans = collector.spans();
+    let send = spans
+        .iter()
+        .find(|span| span.name == "send orders")
+        .unwrap_or_else(|| panic!("no send span exported: {spans:?}"));
+    assert_eq!(send.service, "oncebox-relay");
+    assert_eq!(send.kind, "client");
+    assert!(
+        send.links.contains(&(trace.to_owned(), parent.to_owned())),
+        "{send:?}"
+    );
+    assert_eq!(
+        send.attributes.get("messaging.system").map(String::as_str),
+        Some("redis")
+    );
+    let process = spans
+        .iter()
+        .find(|span| span.name == "process orders")
+        .unwrap_or_else(|| panic!("no process span exported: {spans:?}"));
+    assert_eq!(process.service, "oncebox-receive");
+    assert_eq!(
+        (process.trace_id.as_str(), process.parent_span_id.as_str()),
+        (trace, parent)
+    );
+    assert_eq!(process.kind, "consumer");
+    assert_eq!(
+        process
+            .attributes
+            .get("oncebox.outcome")
+            .map(String::as_str),
+        Some("stored")
+    );
+    assert_eq!(
+        process
+            .attributes
+            .get("messaging.consumer.group.name")
+            .map(String::as_str),
+        Some("billing")
+    );
+    delete_streams(&[format!("{prefix}orders")]).await;
+}

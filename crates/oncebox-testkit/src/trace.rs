@@ -536,8 +536,7 @@ impl Handled {
                 .await;
         })
         .await;
-        let seen = seen.borrow().clone();
-        seen
+        seen.borrow().clone()
     }
 }
 

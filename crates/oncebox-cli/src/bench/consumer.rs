@@ -7,7 +7,9 @@
 //! - **baseline**: per message, a transaction running the handler (one effect row),
 //!   commit, ack;
 //! - **engine**: a [`TransactionalInbox`]: the same transaction also records the id and
-//!   stores the result.
+//!   stores the result;
+//! - **traced** (builds with the feature `otel`): the engine with its `process` spans
+//!   built by `tracing-opentelemetry` and batched to an exporter that drops them.
 //!
 //! The inbox and effect tables are emptied before each run; each run must leave exactly
 //! one effect row per message.
@@ -26,7 +28,7 @@ use oncebox::{Publisher, Received};
 use tokio::sync::Notify;
 
 use super::backend::Backend;
-use super::measure::{Comparison, Run, Side};
+use super::measure::{Comparison, Run, Side, TracingCost};
 use super::probe::{Probe, Timed};
 use super::report::ConsumerReport;
 use super::{ConsumerArgs, workload};
@@ -51,7 +53,7 @@ pub(crate) async fn run<B: Backend>(
     let mut runs = Vec::new();
     let mut retries = 0;
     for round in 1..=args.rounds {
-        for side in [Side::Baseline, Side::Engine] {
+        for side in Side::with_traced(&[Side::Baseline, Side::Engine]) {
             backend.reset_consumer().await?;
             let probe = Probe::new();
             let (run, retried) = match side {
@@ -63,13 +65,13 @@ pub(crate) async fn run<B: Backend>(
                     };
                     consume(plain, side, round, args).await?
                 }
-                Side::Engine | Side::Metered => {
+                Side::Engine | Side::Metered | Side::Traced => {
                     let inbox = TransactionalInbox::new(
                         Timed::new(backend.inbox(), &probe),
                         Timed::new(backend.effect(), &probe),
                         options(),
                     )?;
-                    consume(inbox, side, round, args).await?
+                    super::traced(side, consume(inbox, side, round, args)).await?
                 }
             };
             let run = run.with_steps(probe.steps());
@@ -105,6 +107,7 @@ pub(crate) async fn run<B: Backend>(
         baseline_msgs_per_s: best.baseline,
         ratio: best.ratio,
         retries,
+        tracing: TracingCost::of(&runs),
         runs,
     })
 }

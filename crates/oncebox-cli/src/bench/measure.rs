@@ -17,6 +17,9 @@ pub(crate) enum Side {
     Engine,
     /// The engine with a Prometheus recorder receiving its metrics (`bench relay`).
     Metered,
+    /// The engine with its spans built and handed to an OpenTelemetry exporter that
+    /// drops them (builds with the feature `otel`).
+    Traced,
 }
 
 impl Side {
@@ -26,6 +29,47 @@ impl Side {
             Self::Baseline => "baseline",
             Self::Engine => "engine",
             Self::Metered => "metered",
+            Self::Traced => "traced",
+        }
+    }
+
+    /// `sides`, then [`Side::Traced`] where the build can trace.
+    pub(crate) fn with_traced(sides: &[Self]) -> Vec<Self> {
+        let mut sides = sides.to_vec();
+        if crate::telemetry::can_trace() {
+            sides.push(Self::Traced);
+        }
+        sides
+    }
+}
+
+/// The cost of tracing: the traced side against the engine untraced.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct TracingCost {
+    /// Best traced run.
+    pub(crate) traced_msgs_per_s: f64,
+    /// `traced_msgs_per_s` / the best untraced engine run: the share of throughput kept.
+    pub(crate) ratio: f64,
+}
+
+impl TracingCost {
+    /// The cost in `runs`, `None` if no traced run is among them.
+    pub(crate) fn of(runs: &[Run]) -> Option<Self> {
+        let traced = best(runs, Side::Traced);
+        let engine = best(runs, Side::Engine);
+        (traced > 0.0 && engine > 0.0).then(|| Self {
+            traced_msgs_per_s: traced,
+            ratio: traced / engine,
+        })
+    }
+
+    /// Prints the line of a report.
+    pub(crate) fn print(cost: Option<Self>, engine: f64) {
+        if let Some(cost) = cost {
+            println!(
+                "  tracing: traced {:.0} msg/s · engine {:.0} msg/s · ratio {:.3}",
+                cost.traced_msgs_per_s, engine, cost.ratio
+            );
         }
     }
 }

@@ -36,6 +36,18 @@ use backend::Backend;
 use report::{RelayReport, Report};
 use transport::BenchTransport;
 
+/// Runs `work` traced when `side` is [`Side::Traced`](measure::Side::Traced), untraced
+/// otherwise.
+async fn traced<F: std::future::Future>(side: measure::Side, work: F) -> F::Output {
+    #[cfg(feature = "otel")]
+    return crate::telemetry::traced(side == measure::Side::Traced, work).await;
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = side;
+        work.await
+    }
+}
+
 /// The PostgreSQL server used when neither `--database-url` nor `ONCEBOX_PG_URL` is set.
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 

@@ -14,6 +14,9 @@
 //! - **metered**: the engine again, its metrics going to a Prometheus recorder (the one
 //!   `oncebox relay` serves) instead of the facade's no-op default; `metrics_ratio` is
 //!   metered / engine, the cost of the metrics.
+//! - **traced** (builds with the feature `otel`): the engine again, its spans built by
+//!   `tracing-opentelemetry` and batched to an exporter that drops them; `tracing.ratio`
+//!   is traced / engine, the cost of tracing without a collector's.
 //!
 //! Both end on the claim that finds the table empty. Filling is not timed.
 
@@ -25,9 +28,10 @@ use oncebox::spool::{Relay, SpoolOptions};
 
 use super::RelayArgs;
 use super::backend::Backend;
-use super::measure::{Comparison, Run, Side, best};
+use super::measure::{Comparison, Run, Side, TracingCost, best};
 use super::probe::{Probe, Timed};
 use super::report::RelayReport;
+use super::traced;
 use super::transport::BenchTransport;
 
 /// Runs the relay benchmark on `backend`, publishing to `transport`.
@@ -39,7 +43,7 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
     let progress = !args.common.json;
     let mut runs = Vec::new();
     for round in 1..=args.rounds {
-        for side in [Side::Baseline, Side::Engine, Side::Metered] {
+        for side in Side::with_traced(&[Side::Baseline, Side::Engine, Side::Metered]) {
             backend.reset_outbox().await?;
             transport.reset().await.context("preparing the broker")?;
             backend
@@ -48,8 +52,7 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
                 .context("filling the outbox")?;
             let run = match side {
                 Side::Baseline => baseline(backend, &*transport, args, round).await?,
-                Side::Engine => engine(backend, &*transport, args, round, false).await?,
-                Side::Metered => engine(backend, &*transport, args, round, true).await?,
+                side => engine(backend, &*transport, args, round, side).await?,
             };
             if progress {
                 eprintln!(
@@ -81,6 +84,7 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
         } else {
             0.0
         },
+        tracing: TracingCost::of(&runs),
         runs,
     })
 }
@@ -110,16 +114,18 @@ async fn baseline<B: Backend, T: BenchTransport>(
 }
 
 /// The engine: `Relay::drain`, rounds until a claim finds nothing (each batch settled
-/// with the next claim, as the relay's loop does between full batches). `metered`: its
-/// metrics go to a Prometheus recorder of its own (the relay registers its metrics when
-/// it is built, so the recorder in place then receives them).
+/// with the next claim, as the relay's loop does between full batches). [`Side::Metered`]:
+/// its metrics go to a Prometheus recorder of its own (the relay registers its metrics
+/// when it is built, so the recorder in place then receives them); [`Side::Traced`]: its
+/// spans are built and exported to nowhere.
 async fn engine<B: Backend, T: BenchTransport>(
     backend: &B,
     transport: &T,
     args: &RelayArgs,
     round: u32,
-    metered: bool,
+    side: Side,
 ) -> anyhow::Result<Run> {
+    let metered = side == Side::Metered;
     let options = SpoolOptions::new()
         .name("bench-relay")
         .batch_size(args.batch as usize);
@@ -133,7 +139,7 @@ async fn engine<B: Backend, T: BenchTransport>(
         Relay::new(outbox, publisher, options)?
     };
     let started = Instant::now();
-    let report = relay.drain().await?;
+    let report = traced(side, relay.drain()).await?;
     anyhow::ensure!(
         report.done == report.claimed,
         "the relay failed to publish some rows: {report:?}"
@@ -141,7 +147,6 @@ async fn engine<B: Backend, T: BenchTransport>(
     let done = report.done as u64;
     let elapsed = started.elapsed();
     check_published(transport, done, args.messages).await?;
-    let side = if metered { Side::Metered } else { Side::Engine };
     if metered {
         // The recorder did receive the run's metrics.
         let rendered = recorder.handle().render();

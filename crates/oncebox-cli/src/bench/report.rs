@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::measure::Run;
+use super::measure::{Run, TracingCost};
 use super::{StoreKind, TransportKind, Wake};
 
 /// The report of any benchmark.
@@ -42,6 +42,9 @@ pub(crate) struct RelayReport {
     pub(crate) metered_msgs_per_s: f64,
     /// `metered_msgs_per_s / msgs_per_s`: the share of throughput kept with metrics on.
     pub(crate) metrics_ratio: f64,
+    /// The cost of tracing (builds with the feature `otel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tracing: Option<TracingCost>,
     /// Every run, in the order they ran.
     pub(crate) runs: Vec<Run>,
 }
@@ -98,6 +101,9 @@ pub(crate) struct ConsumerReport {
     pub(crate) ratio: f64,
     /// Deliveries that failed and were retried, over all runs (expected 0).
     pub(crate) retries: u64,
+    /// The cost of tracing (builds with the feature `otel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tracing: Option<TracingCost>,
     /// Every run, in the order they ran.
     pub(crate) runs: Vec<Run>,
 }
@@ -121,6 +127,7 @@ impl Report {
                     "  metrics: metered {:.0} msg/s · engine {:.0} msg/s · ratio {:.3}",
                     r.metered_msgs_per_s, r.msgs_per_s, r.metrics_ratio
                 );
+                TracingCost::print(r.tracing, r.msgs_per_s);
             }
             Self::Latency(r) => {
                 println!(
@@ -148,6 +155,7 @@ impl Report {
                 );
                 print_runs(&r.runs);
                 print_comparison(r.msgs_per_s, r.baseline_msgs_per_s, r.ratio);
+                TracingCost::print(r.tracing, r.msgs_per_s);
                 if r.retries > 0 {
                     println!("  {} deliveries were retried", r.retries);
                 }

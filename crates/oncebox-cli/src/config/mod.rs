@@ -69,6 +69,8 @@ pub(crate) struct Config {
     pub(crate) receive: ReceiveConfig,
     /// The metrics and health endpoint.
     pub(crate) http: HttpConfig,
+    /// OpenTelemetry export of the services' spans.
+    pub(crate) otel: OtelConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -253,6 +255,43 @@ impl Default for HttpConfig {
     }
 }
 
+/// Where `oncebox relay` and `oncebox receive` export their spans (feature `otel`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct OtelConfig {
+    /// An OTLP/HTTP collector's base URL (`http://127.0.0.1:4318`); spans go to
+    /// `{endpoint}/v1/traces`. None: nothing is exported.
+    pub(crate) endpoint: Option<String>,
+    /// `service.name` of the exported spans; default `oncebox-relay` or
+    /// `oncebox-receive`.
+    pub(crate) service_name: Option<String>,
+}
+
+impl OtelConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let Some(endpoint) = &self.endpoint else {
+            return Ok(());
+        };
+        let key = |problem: &str| ConfigError::key("otel.endpoint", problem);
+        if !crate::telemetry::can_trace() {
+            return Err(key(
+                "this build exports no spans: build the cli with the feature otel (or full)",
+            ));
+        }
+        let url = ::url::Url::parse(endpoint)
+            .map_err(|_| key("is not a URL such as http://127.0.0.1:4318"))?;
+        if url.scheme() != "http" {
+            return Err(key(
+                "must be http:// (OTLP/HTTP to a collector beside the service; this build has no TLS for it)",
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+            return Err(key("must hold no credentials and no query"));
+        }
+        Ok(())
+    }
+}
+
 impl HttpConfig {
     /// The address to listen on, or `None` when off.
     pub(crate) fn address(&self) -> Result<Option<SocketAddr>, ConfigError> {
@@ -430,6 +469,7 @@ impl Config {
             ));
         }
         self.http.address()?;
+        self.otel.validate()?;
         Ok(())
     }
 

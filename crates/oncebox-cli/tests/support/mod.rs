@@ -526,3 +526,119 @@ pub fn address(url: &str, default_port: u16) -> String {
         url.port().unwrap_or(default_port)
     )
 }
+
+/// A span as a stand-in OTLP collector received it: ids in hex, the kind in lower case.
+#[cfg(feature = "otel")]
+#[derive(Debug, Clone)]
+pub struct ExportedSpan {
+    pub service: String,
+    pub name: String,
+    pub kind: String,
+    pub trace_id: String,
+    pub parent_span_id: String,
+    /// `(trace id, span id)` of each link.
+    pub links: Vec<(String, String)>,
+    /// String and integer attributes, as text.
+    pub attributes: HashMap<String, String>,
+}
+
+/// A stand-in OTLP/HTTP collector: decodes every `POST /v1/traces` (protobuf) into
+/// [`ExportedSpan`]s.
+#[cfg(feature = "otel")]
+pub struct Collector {
+    port: u16,
+    spans: std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>>,
+}
+
+#[cfg(feature = "otel")]
+impl Collector {
+    pub async fn start() -> Self {
+        use axum::body::Bytes;
+        use axum::extract::State;
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message as _;
+
+        type Spans = std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>>;
+        async fn export(State(spans): State<Spans>, body: Bytes) -> axum::http::StatusCode {
+            let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                return axum::http::StatusCode::BAD_REQUEST;
+            };
+            let mut spans = spans.lock().expect("the spans");
+            for resource in request.resource_spans {
+                let service = resource
+                    .resource
+                    .iter()
+                    .flat_map(|r| &r.attributes)
+                    .find(|kv| kv.key == "service.name")
+                    .map(|kv| any_value(kv.value.as_ref()))
+                    .unwrap_or_default();
+                for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                    spans.push(ExportedSpan {
+                        service: service.clone(),
+                        kind: match span.kind {
+                            1 => "internal",
+                            2 => "server",
+                            3 => "client",
+                            4 => "producer",
+                            5 => "consumer",
+                            _ => "unspecified",
+                        }
+                        .to_owned(),
+                        name: span.name,
+                        trace_id: hex(&span.trace_id),
+                        parent_span_id: hex(&span.parent_span_id),
+                        links: span
+                            .links
+                            .iter()
+                            .map(|link| (hex(&link.trace_id), hex(&link.span_id)))
+                            .collect(),
+                        attributes: span
+                            .attributes
+                            .iter()
+                            .map(|kv| (kv.key.clone(), any_value(kv.value.as_ref())))
+                            .collect(),
+                    });
+                }
+            }
+            axum::http::StatusCode::OK
+        }
+
+        let spans = Spans::default();
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(export))
+            .with_state(spans.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the collector listens");
+        let port = listener.local_addr().expect("an address").port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { port, spans }
+    }
+
+    /// The endpoint to configure (`otel.endpoint`).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<ExportedSpan> {
+        self.spans.lock().expect("the spans").clone()
+    }
+}
+
+#[cfg(feature = "otel")]
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(feature = "otel")]
+fn any_value(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(text)) => text.clone(),
+        Some(Value::IntValue(n)) => n.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(x)) => x.to_string(),
+        _ => String::new(),
+    }
+}
