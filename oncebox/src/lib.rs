@@ -140,6 +140,8 @@
 //! - [`guide::natural_idempotency`]: making the effect itself idempotent in SQL
 //!   (PostgreSQL, MySQL/MariaDB), and the version-number strategy.
 //! - [`guide::metrics`]: every metric the engines report, through the `metrics` facade.
+//! - [`guide::tracing`]: one OpenTelemetry trace from the request that enqueued a message
+//!   to the handler that processed it (feature `otel`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use oncebox_core::*;
@@ -190,4 +192,6 @@ pub mod guide {
     pub mod natural_idempotency {}
     #[doc = include_str!("docs/metrics.md")]
     pub mod metrics {}
+    #[doc = include_str!("docs/tracing.md")]
+    pub mod tracing {}
 }
