@@ -108,6 +108,10 @@ impl<P: Publisher> Publisher for CrashAfter<P> {
         }
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
 }
 
 /// The consumer's effect: one row per handled message, no unique constraint.

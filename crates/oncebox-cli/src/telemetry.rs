@@ -1,16 +1,20 @@
 //! What the command reports about itself: logs on stderr, and with the feature `otel`
 //! the spans of the outbox hop (`oncebox::trace`) exported over OTLP.
 //!
+//! - Logs are events only (filtered by `RUST_LOG`): the spans' fields would widen every
+//!   line, and formatting them would cost every delivery; spans are for the exporter.
 //! - `oncebox relay` and `oncebox receive` export their spans to `otel.endpoint` when
 //!   one is configured, and only then: OTLP over HTTP with protobuf, to
 //!   `{endpoint}/v1/traces`, batched on a thread of the exporter's own. The spans of the
-//!   target `oncebox` at level `INFO` are exported, whatever `RUST_LOG` says of logs.
+//!   target `oncebox` at level `INFO` are exported, whatever `RUST_LOG` says of logs; an
+//!   export waits at most 3 s for the collector (so does the last one, at exit).
 //! - `oncebox bench relay` and `bench consumer` measure a side with the spans built and
 //!   handed to an exporter that drops them ([`traced`]), against the same engine
 //!   untraced.
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::{FilterExt as _, filter_fn};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -37,10 +41,11 @@ pub(crate) enum Tracing<'c> {
 ///
 /// A configuration error when the exporter cannot be built (a bad endpoint).
 pub(crate) fn init(default_logs: &str, tracing: Tracing<'_>) -> Result<Telemetry, ConfigError> {
+    let levels = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_logs.into());
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| default_logs.into()));
+        .with_filter(levels.and(filter_fn(|metadata| metadata.is_event())));
     let registry = tracing_subscriber::registry().with(logs);
     match tracing {
         Tracing::Off => {
@@ -106,7 +111,8 @@ pub(crate) const fn can_trace() -> bool {
 }
 
 /// Runs `work` with the benchmarks' spans built and exported (to nowhere) when `on`,
-/// untraced otherwise. Only one traced run at a time.
+/// untraced otherwise. Only one traced run at a time; [`spans_exported`] tells whether
+/// it produced spans.
 #[cfg(feature = "otel")]
 pub(crate) async fn traced<F: std::future::Future>(on: bool, work: F) -> F::Output {
     otel::BENCH_TRACING.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -115,9 +121,20 @@ pub(crate) async fn traced<F: std::future::Future>(on: bool, work: F) -> F::Outp
     output
 }
 
+/// Flushes the benchmarks' exporter and returns how many spans it was handed so far (0
+/// in a build without the feature). Blocks until the flush is done.
+pub(crate) fn spans_exported() -> u64 {
+    #[cfg(feature = "otel")]
+    if let Some(provider) = otel::BENCH_PROVIDER.get() {
+        let _ = tokio::task::block_in_place(|| provider.force_flush());
+        return otel::EXPORTED.load(std::sync::atomic::Ordering::Relaxed);
+    }
+    0
+}
+
 #[cfg(feature = "otel")]
 mod otel {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, WithExportConfig as _};
@@ -125,11 +142,15 @@ mod otel {
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
     use tracing::Subscriber;
+    use tracing::subscriber::Interest;
     use tracing_subscriber::Layer;
-    use tracing_subscriber::filter::{FilterFn, LevelFilter, Targets};
+    use tracing_subscriber::filter::{DynFilterFn, LevelFilter, Targets};
     use tracing_subscriber::registry::LookupSpan;
 
     use crate::config::{Config, ConfigError};
+
+    /// The longest one export may take.
+    const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
     /// The spans exported: `oncebox`'s, from `INFO` up.
     fn oncebox_spans() -> Targets {
@@ -148,6 +169,8 @@ mod otel {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
+            // An unreachable collector delays the exit by at most this much.
+            .with_timeout(EXPORT_TIMEOUT)
             .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
             .build()
             .map_err(|error| ConfigError::key("otel.endpoint", error))?;
@@ -174,6 +197,13 @@ mod otel {
     /// Whether the benchmark's traced side is running.
     pub(super) static BENCH_TRACING: AtomicBool = AtomicBool::new(false);
 
+    /// The benchmarks' provider, for flushes between runs.
+    pub(super) static BENCH_PROVIDER: std::sync::OnceLock<SdkTracerProvider> =
+        std::sync::OnceLock::new();
+
+    /// Spans the benchmarks' exporter was handed.
+    pub(super) static EXPORTED: AtomicU64 = AtomicU64::new(0);
+
     /// The benchmarks' layer: `oncebox`'s spans while [`BENCH_TRACING`] is set, built
     /// and batched as for OTLP, then dropped by the exporter.
     pub(super) fn discarding<S>() -> (impl Layer<S> + use<S>, SdkTracerProvider)
@@ -184,11 +214,17 @@ mod otel {
             .with_batch_exporter(Discard)
             .with_max_links_per_span(1024)
             .build();
+        let _ = BENCH_PROVIDER.set(provider.clone());
         let spans = oncebox_spans();
-        let filter = FilterFn::new(move |metadata| {
-            BENCH_TRACING.load(Ordering::Relaxed)
-                && spans.would_enable(metadata.target(), metadata.level())
-        });
+        // Asked at every span, not once per call site: the switch flips between runs.
+        let filter = DynFilterFn::new(|_, _| BENCH_TRACING.load(Ordering::Relaxed))
+            .with_callsite_filter(move |metadata| {
+                if spans.would_enable(metadata.target(), metadata.level()) {
+                    Interest::sometimes()
+                } else {
+                    Interest::never()
+                }
+            });
         let layer = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("oncebox-bench"))
             .with_filter(filter);
@@ -201,7 +237,7 @@ mod otel {
 
     impl SpanExporter for Discard {
         async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-            drop(batch);
+            EXPORTED.fetch_add(batch.len() as u64, Ordering::Relaxed);
             Ok(())
         }
     }

@@ -67,7 +67,9 @@ pub fn creation(message: &Message) -> (Span, Cow<'_, Headers>) {
         messaging.system = SYSTEM,
         messaging.destination.name = %message.topic,
         messaging.operation.type = "create",
-        messaging.operation.name = "enqueue",
+        messaging.operation.name = "create",
+        otel.status_code = Empty,
+        error.type = Empty,
         messaging.message.id = %message.id,
         messaging.message.body.size = message.payload.len() as u64,
     );
@@ -96,11 +98,14 @@ pub(crate) fn send<'m>(
             None => "send".to_owned(),
         },
         otel.kind = "client",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
         messaging.system = system,
         messaging.destination.name = topic,
         messaging.operation.type = "send",
-        messaging.operation.name = "publish",
-        messaging.batch.message_count = count as u64,
+        messaging.operation.name = "send",
+        // The conventions leave it out for a single message.
+        messaging.batch.message_count = (count > 1).then_some(count as u64),
     );
     #[cfg(feature = "otel")]
     if !span.is_disabled() {
@@ -134,16 +139,35 @@ pub(crate) fn process(system: &'static str, group: &str, received: &Received) ->
     if span.is_disabled() {
         return span;
     }
-    let id = received
-        .id
-        .map(|id| Cow::Owned(id.to_string()))
-        .or_else(|| received.headers.get("ce_id").map(Cow::Borrowed));
+    // The producer's id, or one the wire kept because it is not a UUID.
+    let id = received.id.map(|id| id.to_string()).or_else(|| {
+        let kept = crate::wire::kept_header_name("id");
+        received.headers.get(&kept).map(str::to_owned)
+    });
     if let Some(id) = &id {
-        span.record("messaging.message.id", id.as_ref());
+        span.record("messaging.message.id", id.as_str());
     }
     #[cfg(feature = "otel")]
     otel::continue_creation(&span, &received.headers, id.as_deref().unwrap_or("(no id)"));
     span
+}
+
+/// Records on a relay's `send` span the messages of its batch that were not published:
+/// an error status saying how many.
+pub(crate) fn record_batch(span: &Span, report: &crate::spool::BatchReport) {
+    if report.retried + report.dead > 0 {
+        span.record("otel.status_code", "error");
+        span.record(
+            "otel.status_description",
+            format!(
+                "{} of {} messages failed: {} to retry, {} dead-lettered",
+                report.retried + report.dead,
+                report.claimed,
+                report.retried,
+                report.dead
+            ),
+        );
+    }
 }
 
 /// Records what became of a delivery on its `process` span.
@@ -154,8 +178,9 @@ pub(crate) fn record_outcome(span: &Span, outcome: &Outcome) {
     }
 }
 
-/// Records a failure on a `process` span: an error status and the error's kind.
-pub(crate) fn record_error(span: &Span, error: &crate::Error) {
+/// Records a failure on a `create` or `process` span: an error status and the error's
+/// kind.
+pub fn record_error(span: &Span, error: &crate::Error) {
     span.record("otel.status_code", "error");
     span.record("error.type", error.kind());
 }
@@ -173,16 +198,18 @@ mod otel {
     use super::{TRACEPARENT, TRACESTATE};
     use crate::Headers;
 
-    /// `headers` with `span`'s trace context added, or `None` when they carry a
-    /// `traceparent` already or the span is not traced.
+    /// `headers` with the trace context of `span` (or, where oncebox's spans are not
+    /// traced, of the caller's current span) added; `None` when they carry a
+    /// `traceparent` already or nothing is traced.
     pub(super) fn with_context_of(span: &Span, headers: &Headers) -> Option<Headers> {
-        if span.is_disabled() || headers.get(TRACEPARENT).is_some() {
+        if headers.get(TRACEPARENT).is_some() {
             return None;
         }
-        let context = span.context();
-        if !context.span().span_context().is_valid() {
-            return None;
-        }
+        let context = [span.clone(), Span::current()]
+            .iter()
+            .filter(|span| !span.is_disabled())
+            .map(OpenTelemetrySpanExt::context)
+            .find(|context| context.span().span_context().is_valid())?;
         let mut carrier = Carrier {
             headers: headers.clone(),
         };
@@ -218,7 +245,7 @@ mod otel {
         }
         tracing::warn!(
             target: "oncebox",
-            message = %id,
+            message_id = %id,
             traceparent = %crate::error::excerpt(traceparent),
             "the message's traceparent is malformed; it is traced without its producer's context"
         );

@@ -458,6 +458,10 @@ impl<P: Publisher> Publisher for CrashingPublisher<'_, P> {
         }
         Ok(())
     }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
 }
 
 /// The handler: one effect row per message, in the inbox's transaction.

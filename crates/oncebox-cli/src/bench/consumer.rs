@@ -71,7 +71,10 @@ pub(crate) async fn run<B: Backend>(
                         Timed::new(backend.effect(), &probe),
                         options(),
                     )?;
-                    super::traced(side, consume(inbox, side, round, args)).await?
+                    let exported = crate::telemetry::spans_exported();
+                    let consumed = super::traced(side, consume(inbox, side, round, args)).await?;
+                    super::ensure_traced(side, exported)?;
+                    consumed
                 }
             };
             let run = run.with_steps(probe.steps());

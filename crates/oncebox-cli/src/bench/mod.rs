@@ -48,6 +48,17 @@ async fn traced<F: std::future::Future>(side: measure::Side, work: F) -> F::Outp
     }
 }
 
+/// After a run of `side`: when it was traced, checks that its spans reached the exporter
+/// (`exported` is [`telemetry::spans_exported`](crate::telemetry::spans_exported) before
+/// it).
+fn ensure_traced(side: measure::Side, exported: u64) -> anyhow::Result<()> {
+    if side == measure::Side::Traced {
+        let now = crate::telemetry::spans_exported();
+        anyhow::ensure!(now > exported, "the traced run exported no spans");
+    }
+    Ok(())
+}
+
 /// The PostgreSQL server used when neither `--database-url` nor `ONCEBOX_PG_URL` is set.
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 

@@ -138,6 +138,7 @@ async fn engine<B: Backend, T: BenchTransport>(
     } else {
         Relay::new(outbox, publisher, options)?
     };
+    let exported = crate::telemetry::spans_exported();
     let started = Instant::now();
     let report = traced(side, relay.drain()).await?;
     anyhow::ensure!(
@@ -147,6 +148,7 @@ async fn engine<B: Backend, T: BenchTransport>(
     let done = report.done as u64;
     let elapsed = started.elapsed();
     check_published(transport, done, args.messages).await?;
+    super::ensure_traced(side, exported)?;
     if metered {
         // The recorder did receive the run's metrics.
         let rendered = recorder.handle().render();

@@ -242,8 +242,10 @@ async fn settle<P: Process, D: Delivery>(
     let settled = settle_in_span(processor, delivery, stopped, metrics, &span)
         .instrument(span.clone())
         .await;
-    if let Ok(Some(outcome)) = &settled {
-        trace::record_outcome(&span, outcome);
+    match &settled {
+        Ok(Some(outcome)) => trace::record_outcome(&span, outcome),
+        Ok(None) => {}
+        Err(error) => trace::record_error(&span, error),
     }
     settled
 }

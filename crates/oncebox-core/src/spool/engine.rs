@@ -272,7 +272,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
             .buffer_unordered(self.options.concurrency)
             .flat_map(stream::iter)
             .collect::<Vec<Settlement>>()
-            .instrument(span);
+            .instrument(span.clone());
         let keeper = lease.keep(&self.store, batch.token, &seqs, self.options.lease);
         let settlements = match select(std::pin::pin!(delivery), std::pin::pin!(keeper)).await {
             Either::Left((settlements, keeper)) => {
@@ -291,6 +291,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                 Settle::Dead { .. } => report.dead += 1,
             }
         }
+        crate::trace::record_batch(&span, &report);
         Delivered {
             token: batch.token,
             settlements,

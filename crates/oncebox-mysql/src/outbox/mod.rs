@@ -171,7 +171,14 @@ impl MySqlOutbox {
             check_bytes("key", key, MAX_KEY_BYTES)?;
         }
         let (span, headers) = trace::creation(message);
-        self.insert(conn, message, &headers).instrument(span).await
+        let enqueued = self
+            .insert(conn, message, &headers)
+            .instrument(span.clone())
+            .await;
+        if let Err(error) = &enqueued {
+            trace::record_error(&span, error);
+        }
+        enqueued
     }
 
     /// The statements of [`enqueue`](Self::enqueue): the key's lock, then the row.

@@ -231,14 +231,18 @@ impl PgOutbox {
             .bind(message.payload.to_vec())
             .bind(to_micros(message.created_at))
             .fetch_optional(&mut *conn)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
-        match result {
+        let enqueued = match result {
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err(Error::Duplicate { id: message.id }),
             Err(e) if is_unique_violation(&e) => Err(Error::Duplicate { id: message.id }),
             Err(e) => Err(store_error(e)),
+        };
+        if let Err(error) = &enqueued {
+            trace::record_error(&span, error);
         }
+        enqueued
     }
 
     /// The value of the topic column: the topic, or for a Debezium-style table the

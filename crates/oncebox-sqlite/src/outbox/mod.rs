@@ -124,13 +124,17 @@ impl SqliteOutbox {
             .bind(to_unix_millis(message.created_at))
             .bind(now)
             .execute(&mut *conn)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
-        match result {
+        let enqueued = match result {
             Ok(_) => Ok(()),
             Err(e) if is_unique_violation(&e) => Err(Error::Duplicate { id: message.id }),
             Err(e) => Err(store_error(e)),
+        };
+        if let Err(error) = &enqueued {
+            trace::record_error(&span, error);
         }
+        enqueued
     }
 
     /// Wakes a relay of this process waiting in [`SpoolStore::wait_for_work`], or the

@@ -110,6 +110,10 @@ impl<P: Publisher> Publisher for FailingPublisher<P> {
             }
         }
     }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
 }
 
 fn relay_options(name: &str) -> SpoolOptions {
