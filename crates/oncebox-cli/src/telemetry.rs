@@ -140,14 +140,32 @@ mod otel {
     use opentelemetry_otlp::{Protocol, WithExportConfig as _};
     use opentelemetry_sdk::Resource;
     use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
     use tracing::Subscriber;
     use tracing::subscriber::Interest;
+    use tracing_opentelemetry::OpenTelemetryLayer;
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::{DynFilterFn, LevelFilter, Targets};
     use tracing_subscriber::registry::LookupSpan;
 
     use crate::config::{Config, ConfigError};
+
+    /// The layer over `tracer` as the services install it: the conventions' attributes
+    /// only (no code location, thread, target or busy and idle times, each of which
+    /// costs every span), and no OpenTelemetry context made current on entering a span
+    /// (nothing else in the process reads it).
+    fn layer<S>(tracer: SdkTracer) -> OpenTelemetryLayer<S, SdkTracer>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_context_activation(false)
+    }
 
     /// The longest one export may take.
     const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -188,9 +206,7 @@ mod otel {
                     .build(),
             )
             .build();
-        let layer = tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("oncebox"))
-            .with_filter(oncebox_spans());
+        let layer = layer(provider.tracer("oncebox")).with_filter(oncebox_spans());
         Ok((layer, provider))
     }
 
@@ -225,9 +241,7 @@ mod otel {
                     Interest::never()
                 }
             });
-        let layer = tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("oncebox-bench"))
-            .with_filter(filter);
+        let layer = layer(provider.tracer("oncebox-bench")).with_filter(filter);
         (layer, provider)
     }
 

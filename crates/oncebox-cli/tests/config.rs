@@ -265,7 +265,8 @@ fn an_unusable_otel_endpoint_is_named() {
         for (endpoint, needle) in [
             ("https://collector:4318", "must be http://"),
             ("http://user:hunter2secret@collector:4318", "no credentials"),
-            ("collector:4318", "otel.endpoint"),
+            ("collector:4318", "must be http://"),
+            ("127.0.0.1:4318", "is not a URL"),
         ] {
             let config = config_with(dir.path(), &format!("[otel]\nendpoint = \"{endpoint}\"\n"));
             let line = refused(dir.path(), &config, &[], needle);

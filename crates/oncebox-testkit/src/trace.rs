@@ -9,6 +9,7 @@
 //! | check | proves |
 //! |---|---|
 //! | [`request_to_handler`] | through a [`TransactionalInbox`]: the request's trace id in the handler, a redelivery (the first delivery is nacked after its commit) skipped as `duplicate` in the same trace, and a message whose stored `traceparent` is malformed published and handled in a fresh trace, with a warning |
+//! | [`request_to_receiver`] | the same through an [`IdempotentReceiver`] |
 //! | [`request_to_durable_handler`] | through a [`DurableInbox`] and its processor, with the relay stopped and a new one started between two requests: the context survives in the outbox and inbox tables |
 //!
 //! The spans are captured by the test binary's global subscriber, which the first check
@@ -26,8 +27,10 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
 use oncebox_core::consumer::{
-    Consumer, ConsumerOptions, DurableInbox, Outcome, TransactionalInbox, TxHandler,
+    Consumer, ConsumerOptions, DurableInbox, Handler, IdempotentReceiver, Outcome, Process,
+    TransactionalInbox, TxHandler,
 };
+use oncebox_core::memory::MemoryDedupStore;
 use oncebox_core::spool::{Relay, SpoolOptions};
 use oncebox_core::{
     Bytes, Delivery, Error, Message, Publisher, Received, Result, Subscriber, TRACEPARENT,
@@ -64,8 +67,66 @@ where
     O: OutboxHarness + 'static,
     I: InboxHarness + 'static,
 {
+    let (order, malformed) = hop(transport, outbox, "trace", |group, handled| {
+        TransactionalInbox::new(
+            inbox.store(),
+            Recorder::<I>::new(handled),
+            ConsumerOptions::new(group),
+        )
+    })
+    .await?;
+    for order in [order, malformed] {
+        assert_eq!(
+            inbox.count_effects(&order).await?,
+            1,
+            "[trace] the effect of {order} is not there exactly once"
+        );
+    }
+    Ok(())
+}
+
+/// The same as [`request_to_handler`] through an [`IdempotentReceiver`] on an in-memory
+/// dedup store.
+///
+/// # Errors
+///
+/// A store or transport error.
+///
+/// # Panics
+///
+/// As [`request_to_handler`].
+pub async fn request_to_receiver<T, O>(transport: &T, outbox: Arc<O>) -> Result<()>
+where
+    T: TransportHarness,
+    O: OutboxHarness + 'static,
+{
+    hop(transport, outbox, "trace-receiver", |group, handled| {
+        IdempotentReceiver::new(
+            MemoryDedupStore::new(1_000),
+            RecordOnly(handled),
+            ConsumerOptions::new(group),
+        )
+    })
+    .await?;
+    Ok(())
+}
+
+/// One request and one message with a malformed `traceparent` through `transport` into
+/// the engine `engine` builds for a consumer group and a record of what it handled;
+/// checks their spans and returns the two payloads.
+async fn hop<T, O, P>(
+    transport: &T,
+    outbox: Arc<O>,
+    label: &str,
+    engine: impl FnOnce(String, Handled) -> Result<P>,
+) -> Result<(String, String)>
+where
+    T: TransportHarness,
+    O: OutboxHarness + 'static,
+    P: Process + 'static,
+{
     let patience = transport.patience() * 6;
-    let topic = transport.fresh_topic("trace").await?;
+    let topic = transport.fresh_topic(label).await?;
     let capture = Capture::watching(&topic);
     let group = format!("{topic}-billing");
     let publisher = transport.publisher().await?;
@@ -73,17 +134,13 @@ where
     let subscriber = transport.subscriber(&topic, &group).await?;
 
     let handled = Handled::default();
-    let inbox_engine = TransactionalInbox::new(
-        inbox.store(),
-        Recorder::<I>::new(handled.clone()),
-        ConsumerOptions::new(group.clone()),
-    )?;
+    let engine = engine(group.clone(), handled.clone())?;
     let outcomes = Arc::new(Mutex::new(Vec::<(String, Outcome)>::new()));
     let subscriber = NackFirst {
         inner: subscriber,
         nacked: Arc::default(),
     };
-    let consumer = Consumer::new(subscriber, inbox_engine).on_outcome({
+    let consumer = Consumer::new(subscriber, engine).on_outcome({
         let outcomes = Arc::clone(&outcomes);
         move |received, outcome| {
             let order = String::from_utf8_lossy(&received.payload).into_owned();
@@ -142,11 +199,6 @@ where
         first.trace_id, request.trace_id,
         "[trace] the handler does not run in the request's trace"
     );
-    assert_eq!(
-        inbox.count_effects(&order).await?,
-        1,
-        "[trace] the order's effect is not there exactly once"
-    );
     let creation = spans.creation_of(&id, &request);
     assert_eq!(
         first.received.headers.get(TRACEPARENT),
@@ -199,13 +251,12 @@ where
         );
     }
     assert_eq!(fresh[1].span_context.trace_id(), bad.trace_id);
-    assert_eq!(inbox.count_effects(&malformed).await?, 1);
     assert!(
         capture.warned_about(&[&message_id(bad), "traceparent is malformed"]),
         "[trace] no warning named the malformed traceparent: {:?}",
         capture.warnings()
     );
-    Ok(())
+    Ok((order, malformed))
 }
 
 /// Checks the trace of two requests through `transport` into a [`DurableInbox`] on
@@ -536,6 +587,18 @@ impl Handled {
         })
         .await;
         seen.borrow().clone()
+    }
+}
+
+/// The idempotent receiver's handler: records what it saw.
+struct RecordOnly(Handled);
+
+impl Handler for RecordOnly {
+    type Output = ();
+
+    async fn handle(&self, message: &Received) -> Result<()> {
+        self.0.record(message);
+        Ok(())
     }
 }
 

@@ -158,6 +158,12 @@ mod trace {
     }
 
     #[tokio::test]
+    async fn request_to_receiver_is_one_trace() -> Result<()> {
+        let store = Arc::new(SqliteHarness::new().await);
+        oncebox_testkit::trace::request_to_receiver(&MemoryHarness::new(), store).await
+    }
+
+    #[tokio::test]
     async fn request_to_durable_handler_is_one_trace_across_relays() -> Result<()> {
         let store = Arc::new(SqliteHarness::new().await);
         oncebox_testkit::trace::request_to_durable_handler(
