@@ -25,10 +25,8 @@ async fn sqlite_outbox_to_rabbitmq_to_sqlite_inbox() -> oncebox_core::Result<()>
 async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
     let broker = RabbitHarness::new();
     let store = std::sync::Arc::new(SqliteHarness::new().await);
-    let checked =
-        oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
-            .await;
-    checked
+    oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
+        .await
 }
 
 /// The same through the durable inbox, with the relay replaced between two requests: the
@@ -37,11 +35,10 @@ async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
 async fn trace_of_a_request_survives_the_tables() -> oncebox_core::Result<()> {
     let broker = RabbitHarness::new();
     let store = std::sync::Arc::new(SqliteHarness::new().await);
-    let checked = oncebox_testkit::trace::request_to_durable_handler(
+    oncebox_testkit::trace::request_to_durable_handler(
         &broker,
         std::sync::Arc::clone(&store),
         &*store,
     )
-    .await;
-    checked
+    .await
 }

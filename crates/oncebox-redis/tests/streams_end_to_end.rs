@@ -30,10 +30,8 @@ async fn every_effect_exactly_once() -> Result<()> {
 async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
     let broker = StreamsHarness::new().await;
     let store = std::sync::Arc::new(SqliteHarness::new().await);
-    let checked =
-        oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
-            .await;
-    checked
+    oncebox_testkit::trace::request_to_handler(&broker, std::sync::Arc::clone(&store), &*store)
+        .await
 }
 
 /// The same through the durable inbox, with the relay replaced between two requests: the
@@ -42,11 +40,10 @@ async fn trace_of_a_request_reaches_the_handler() -> oncebox_core::Result<()> {
 async fn trace_of_a_request_survives_the_tables() -> oncebox_core::Result<()> {
     let broker = StreamsHarness::new().await;
     let store = std::sync::Arc::new(SqliteHarness::new().await);
-    let checked = oncebox_testkit::trace::request_to_durable_handler(
+    oncebox_testkit::trace::request_to_durable_handler(
         &broker,
         std::sync::Arc::clone(&store),
         &*store,
     )
-    .await;
-    checked
+    .await
 }
