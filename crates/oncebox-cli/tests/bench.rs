@@ -34,11 +34,15 @@ fn number(report: &Value, field: &str) -> f64 {
 /// Checks the fields shared by the throughput benchmarks (relay, consumer): the relay's
 /// rounds also run the engine with a Prometheus recorder (`metered`), after the engine.
 fn check_comparison(report: &Value, messages: u64, rounds: usize) {
-    let sides: &[&str] = if report["bench"] == "relay" {
-        &["baseline", "engine", "metered"]
+    let mut sides = if report["bench"] == "relay" {
+        vec!["baseline", "engine", "metered"]
     } else {
-        &["baseline", "engine"]
+        vec!["baseline", "engine"]
     };
+    // Builds with the feature otel run a traced side last in each round.
+    if cfg!(feature = "otel") {
+        sides.push("traced");
+    }
     assert!(number(report, "msgs_per_s") > 0.0, "{report}");
     assert!(number(report, "baseline_msgs_per_s") > 0.0, "{report}");
     let ratio = number(report, "ratio");
@@ -70,6 +74,21 @@ fn check_comparison(report: &Value, messages: u64, rounds: usize) {
         number(report, "baseline_msgs_per_s"),
         "{report}"
     );
+    if cfg!(feature = "otel") {
+        let tracing = &report["tracing"];
+        assert_eq!(
+            best("traced"),
+            number(tracing, "traced_msgs_per_s"),
+            "{report}"
+        );
+        let expected = number(tracing, "traced_msgs_per_s") / number(report, "msgs_per_s");
+        assert!(
+            (number(tracing, "ratio") - expected).abs() < 1e-9,
+            "{report}"
+        );
+    } else {
+        assert!(report.get("tracing").is_none(), "{report}");
+    }
     if report["bench"] == "relay" {
         assert_eq!(
             best("metered"),
