@@ -11,7 +11,7 @@
 //! | `specversion` | always `1.0` | `1.0` |
 //! | `id` | [`Message::id`] | `01936f1e-8a5c-7d2e-9b1a-3f4e5d6c7b8a` |
 //! | `source` | the publisher's [`WireFormat::with_source`] (default `oncebox`) | `/orders-service` |
-//! | `type` | [`Message::kind`], left out when empty | `order.placed` |
+//! | `type` | [`Message::kind`], or [`DEFAULT_TYPE`] when it is empty (CloudEvents requires a type) | `order.placed` |
 //! | `subject` | [`Message::key`], left out when `None` | `order-42` |
 //! | `time` | [`Message::created_at`], RFC 3339, UTC | `2026-11-21T13:05:09.123456Z` |
 //!
@@ -25,8 +25,9 @@
 //! Reading is lenient, so that messages of producers that do not use oncebox still
 //! arrive: an attribute that is missing leaves its field empty, and one that does not
 //! parse (an `id` that is not a UUID, a `time` that is not RFC 3339) stays in the
-//! headers under the name `ce_<attribute>`, where an
-//! [`IdStrategy::Header`](crate::consumer::IdStrategy::Header) can still use it.
+//! headers under the name `ce_<attribute>`. An `id` kept so is still the message's id:
+//! every non-empty string is a valid CloudEvents id, and the default
+//! [`IdStrategy::MessageId`](crate::consumer::IdStrategy::MessageId) deduplicates on it.
 //! Extension attributes are kept the same way (`ce_partitionkey`, say). Only what no
 //! [`Headers`] value may hold (bytes that are not UTF-8, control characters) is refused,
 //! with an [`InvalidMessage`] for the transport to dead-letter.
@@ -44,6 +45,10 @@ pub const SPEC_VERSION: &str = "1.0";
 
 /// The `source` attribute written when the publisher sets none.
 pub const DEFAULT_SOURCE: &str = "oncebox";
+
+/// The `type` attribute written for a message without a kind, since CloudEvents requires
+/// one; read back as an empty kind.
+pub const DEFAULT_TYPE: &str = "oncebox.message";
 
 /// The name under which an attribute that cannot fill its field (an unparsable id, an
 /// extension) is kept in [`Received::headers`]: `ce_` and the attribute name.
@@ -119,9 +124,12 @@ impl WireFormat {
         fields.push((self.header_name("specversion"), SPEC_VERSION.to_owned()));
         fields.push((self.header_name("id"), message.id.to_string()));
         fields.push((self.header_name("source"), self.source.to_string()));
-        if !message.kind.is_empty() {
-            fields.push((self.header_name("type"), message.kind.clone()));
-        }
+        let kind = if message.kind.is_empty() {
+            DEFAULT_TYPE
+        } else {
+            &message.kind
+        };
+        fields.push((self.header_name("type"), kind.to_owned()));
         if let Some(key) = &message.key {
             fields.push((self.header_name("subject"), key.clone()));
         }
@@ -182,7 +190,9 @@ impl WireFormat {
                     Err(_) => Some(value),
                 },
                 "type" => {
-                    value.clone_into(&mut received.kind);
+                    if value != DEFAULT_TYPE {
+                        value.clone_into(&mut received.kind);
+                    }
                     None
                 }
                 "subject" => {
@@ -309,7 +319,10 @@ mod tests {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        assert_eq!(names, ["ce-specversion", "ce-id", "ce-source", "ce-time"]);
+        assert_eq!(
+            names,
+            ["ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time"]
+        );
         let source = WireFormat::amqp().with_source("/shop").encode(&message);
         assert!(source.contains(&("cloudEvents_source".to_owned(), "/shop".to_owned())));
     }
@@ -341,6 +354,23 @@ mod tests {
             (None, None, "")
         );
         assert!(received.headers.is_empty());
+    }
+
+    /// Every event carries the `type` CloudEvents requires; an empty kind goes out as
+    /// the default type and comes back empty.
+    #[test]
+    fn an_empty_kind_travels_as_the_default_type() {
+        let message = Message::new("orders", &b""[..]);
+        let encoded = WireFormat::kafka().encode(&message);
+        assert!(encoded.contains(&("ce_type".to_owned(), DEFAULT_TYPE.to_owned())));
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = encoded
+            .into_iter()
+            .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+            .collect();
+        assert_eq!(
+            decode(&WireFormat::kafka(), &pairs).expect("decodes").kind,
+            ""
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@
 //! | header `ce_specversion` | `1.0` | always |
 //! | header `ce_id` | [`Message::id`](oncebox_core::Message::id), a UUID in hyphenated form | always |
 //! | header `ce_source` | [`KafkaOptions::source`], default `oncebox` | always |
-//! | header `ce_type` | [`Message::kind`](oncebox_core::Message::kind) | if not empty |
+//! | header `ce_type` | [`Message::kind`](oncebox_core::Message::kind) | always: `oncebox.message` ([`DEFAULT_TYPE`](oncebox_core::wire::DEFAULT_TYPE)) when the kind is empty |
 //! | header `ce_subject` | [`Message::key`](oncebox_core::Message::key) again | if the message has a key |
 //! | header `ce_time` | [`Message::created_at`](oncebox_core::Message::created_at), RFC 3339 UTC with microseconds | always |
 //! | other headers | [`Message::headers`](oncebox_core::Message::headers) as they are (`traceparent`...), UTF-8 | if any |

@@ -53,7 +53,7 @@
 //! | `ce-specversion` | `1.0` | |
 //! | `ce-id` | the message id, a UUID: `01936f1e-8a5c-7d2e-9b1a-3f4e5d6c7b8a` | [`Message::id`](oncebox_core::Message::id) |
 //! | `ce-source` | `oncebox`, or [`JetStreamOptions::source`] | |
-//! | `ce-type` | the event type, left out when empty: `order.placed` | [`Message::kind`](oncebox_core::Message::kind) |
+//! | `ce-type` | the event type: `order.placed`; `oncebox.message` ([`DEFAULT_TYPE`](oncebox_core::wire::DEFAULT_TYPE)) when empty | [`Message::kind`](oncebox_core::Message::kind) |
 //! | `ce-subject` | the ordering key, left out when none: `order-42` | [`Message::key`](oncebox_core::Message::key) |
 //! | `ce-time` | creation time, RFC 3339 UTC: `2026-11-21T13:05:09.123456Z` | [`Message::created_at`](oncebox_core::Message::created_at) |
 //! | `traceparent`, others | the message's own headers, unchanged (W3C trace context among them) | [`Message::headers`](oncebox_core::Message::headers) |

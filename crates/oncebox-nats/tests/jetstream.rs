@@ -206,6 +206,67 @@ async fn foreign_messages_arrive_without_an_id() {
     harness.cleanup().await;
 }
 
+/// CloudEvents ids need not be UUIDs: a foreign producer's `ce-id: order-42-v1`, sent
+/// twice, is handled once by a transactional inbox and skipped the second time; an
+/// empty `ce-id` is dead-lettered saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_ids_that_are_not_uuids_are_deduplicated() {
+    use oncebox_core::consumer::{
+        ConsumerOptions, Outcome, TransactionalInbox, TxHandler, process_delivery,
+    };
+    use oncebox_testkit::inbox::{InboxHarness, TxOf};
+    use oncebox_testkit::sqlite::SqliteHarness;
+
+    struct Effect;
+    impl TxHandler<TxOf<SqliteHarness>> for Effect {
+        type Output = ();
+        async fn handle(
+            &self,
+            message: &oncebox_core::Received,
+            tx: &mut TxOf<SqliteHarness>,
+        ) -> oncebox_core::Result<()> {
+            SqliteHarness::insert_effect(tx, &String::from_utf8_lossy(&message.payload)).await
+        }
+    }
+
+    let harness = NatsHarness::shared().await;
+    let (topic, _) = fresh(&harness, "foreign-ids").await;
+    let mut subscriber = harness.transport.subscriber(&topic, "g").await.unwrap();
+    let store = SqliteHarness::new().await;
+    let inbox =
+        TransactionalInbox::new(store.store(), Effect, ConsumerOptions::new("billing")).unwrap();
+    for id in ["order-42-v1", "order-42-v1", ""] {
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-id", id);
+        harness
+            .transport
+            .jetstream()
+            .send_publish(
+                topic.clone(),
+                Publish::build()
+                    .payload(Bytes::from(format!("effect-{id}")))
+                    .headers(headers),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut outcomes = Vec::new();
+    for n in 0..3 {
+        let delivery = receive(&mut subscriber, &format!("delivery {n}")).await;
+        outcomes.push(process_delivery(&inbox, delivery).await.unwrap());
+    }
+    assert_eq!(outcomes[..2], [Outcome::Handled, Outcome::Duplicate]);
+    assert!(
+        matches!(&outcomes[2], Outcome::DeadLettered { reason } if reason.contains("id attribute is empty")),
+        "{:?}",
+        outcomes[2]
+    );
+    assert_eq!(store.count_effects("effect-order-42-v1").await.unwrap(), 1);
+    harness.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_headers_are_dead_lettered_by_the_subscriber() {
     let harness = NatsHarness::shared().await;

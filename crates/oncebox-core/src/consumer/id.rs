@@ -2,6 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::wire::kept_header_name;
 use crate::{InvalidMessage, Received};
 
 /// How a consumer finds the dedup id of a received message.
@@ -21,10 +22,13 @@ use crate::{InvalidMessage, Received};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum IdStrategy {
-    /// The message id the producer set (oncebox producers always set one). The default.
+    /// The id the producer set: the CloudEvents `id` attribute, which oncebox producers
+    /// always set to a UUID and other producers to any non-empty text. The default.
     #[default]
     MessageId,
-    /// The value of a header, such as `Idempotency-Key`.
+    /// The value of a header, such as `Idempotency-Key`. The CloudEvents id is a header
+    /// too, under any of its bindings' names (`ce_id`, `ce-id`, `cloudEvents_id`,
+    /// `cloudEvents:id`), whether or not it parsed as a UUID.
     Header(String),
     /// SHA-256 of the payload: byte-identical payloads are the same message.
     ContentHash,
@@ -52,10 +56,11 @@ impl IdStrategy {
     pub fn id_of(&self, received: &Received) -> Result<String, InvalidMessage> {
         let missing = |what: String| InvalidMessage::MissingId(what);
         match self {
-            Self::MessageId => received
-                .id
-                .map(|id| id.to_string())
-                .ok_or_else(|| missing("the message carries no message id".into())),
+            Self::MessageId => cloudevents_id(received)?
+                .ok_or_else(|| missing("the message carries no CloudEvents id attribute".into())),
+            Self::Header(name) if is_cloudevents_id(name) => cloudevents_id(received)?
+                .map(|id| format!("header:{id}"))
+                .ok_or_else(|| missing(format!("no header {name:?}"))),
             Self::Header(name) => received
                 .headers
                 .get(name)
@@ -91,6 +96,33 @@ impl IdStrategy {
             }
         }
     }
+}
+
+/// The CloudEvents id of `received`: the UUID the wire format parsed, or the text it kept
+/// because it is not one (every non-empty string is a valid id). A UUID is written in
+/// its hyphenated lower-case form, and text that parses as a UUID is never kept as text,
+/// so the two kinds of id never collide.
+///
+/// # Errors
+///
+/// [`InvalidMessage::MissingId`] if the attribute is there but empty, which CloudEvents
+/// forbids.
+fn cloudevents_id(received: &Received) -> Result<Option<String>, InvalidMessage> {
+    if let Some(id) = received.id {
+        return Ok(Some(id.to_string()));
+    }
+    match received.headers.get(&kept_header_name("id")) {
+        Some("") => Err(InvalidMessage::MissingId(
+            "the message's CloudEvents id attribute is empty".into(),
+        )),
+        Some(id) => Ok(Some(id.to_owned())),
+        None => Ok(None),
+    }
+}
+
+/// Whether header `name` is the CloudEvents id in one of the bindings oncebox reads.
+fn is_cloudevents_id(name: &str) -> bool {
+    ["ce_id", "ce-id", "cloudEvents_id", "cloudEvents:id"].contains(&name)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -129,10 +161,61 @@ mod tests {
             r.id.unwrap().to_string()
         );
         let foreign = Received { id: None, ..r };
-        assert!(matches!(
-            IdStrategy::MessageId.id_of(&foreign),
-            Err(InvalidMessage::MissingId(_))
-        ));
+        let error = IdStrategy::MessageId.id_of(&foreign).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            InvalidMessage::MissingId("the message carries no CloudEvents id attribute".into())
+                .to_string()
+        );
+    }
+
+    /// A CloudEvents id that is not a UUID, as most producers write them, is the dedup
+    /// id; an empty one is refused with a true reason.
+    #[test]
+    fn any_non_empty_cloudevents_id_is_the_message_id() {
+        let decode = |id: &str| {
+            crate::wire::WireFormat::kafka()
+                .decode(
+                    "orders",
+                    [(&b"ce_id"[..], id.as_bytes())],
+                    crate::Bytes::new(),
+                    Coordinates::default(),
+                    1,
+                )
+                .unwrap()
+        };
+        let foreign = decode("order-42-v1");
+        assert_eq!(
+            IdStrategy::MessageId.id_of(&foreign).unwrap(),
+            "order-42-v1"
+        );
+        let uuid = decode("0193E0D4-8A5C-7D2E-9B1A-3F4E5D6C7B8A");
+        assert_eq!(
+            IdStrategy::MessageId.id_of(&uuid).unwrap(),
+            "0193e0d4-8a5c-7d2e-9b1a-3f4e5d6c7b8a"
+        );
+        let empty = IdStrategy::MessageId.id_of(&decode("")).unwrap_err();
+        assert!(empty.to_string().contains("is empty"), "{empty}");
+    }
+
+    /// `Header("ce_id")` (or another binding's name) finds the id whether or not it
+    /// parsed as a UUID.
+    #[test]
+    fn the_cloudevents_id_header_reads_uuid_ids_too() {
+        let r = received("{}");
+        let uuid = r.id.unwrap().to_string();
+        for name in ["ce_id", "ce-id", "cloudEvents_id", "cloudEvents:id"] {
+            assert_eq!(
+                IdStrategy::Header(name.into()).id_of(&r).unwrap(),
+                format!("header:{uuid}")
+            );
+        }
+        let mut foreign = Received { id: None, ..r };
+        foreign.headers.insert("ce_id", "order-42-v1").unwrap();
+        assert_eq!(
+            IdStrategy::Header("ce_id".into()).id_of(&foreign).unwrap(),
+            "header:order-42-v1"
+        );
     }
 
     #[test]
