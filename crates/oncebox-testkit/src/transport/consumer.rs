@@ -103,10 +103,13 @@ pub async fn consumer_settles_by_fault<H: TransportHarness>(harness: &H) -> Resu
         !outage.is_empty() && outage.iter().all(|o| *o == Outcome::Handled),
         "[{name}] an outage of the store must hold the delivery, not nack it: {outage:?}"
     );
-    assert_eq!(
-        of("ok"),
-        vec![Outcome::Handled],
-        "[{name}] the healthy message"
+    // Handled, and nothing else; handled again only if the broker redelivered it because
+    // its ack came after the ack timeout on a loaded machine (at least once, and this
+    // scripted consumer keeps no dedup record).
+    let ok = of("ok");
+    assert!(
+        !ok.is_empty() && ok.iter().all(|o| *o == Outcome::Handled),
+        "[{name}] the healthy message: {ok:?}"
     );
     if harness.capabilities().dead_letter_inspection {
         let dead_letters = harness.dead_letters(&check.topic).await?;
