@@ -34,9 +34,24 @@ apt_install() {
 }
 
 ensure_postgres() {
-  port_open 5432 && return 0
-  command -v pg_ctlcluster >/dev/null || apt_install postgresql
-  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  if ! port_open 5432; then
+    command -v pg_ctlcluster >/dev/null || apt_install postgresql
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+    wait_for 127.0.0.1 5432 PostgreSQL
+  fi
+  ensure_logical_decoding
+}
+
+# The log-tailing relay (CDC) reads logical decoding: wal_level must be 'logical', which
+# only a restart applies. A bounded max_slot_wal_keep_size keeps a slot that a failed
+# test left behind from filling the disk.
+ensure_logical_decoding() {
+  local psql=(psql -h 127.0.0.1 -U postgres -d postgres -XAtq)
+  [ "$("${psql[@]}" -c 'SHOW wal_level')" = logical ] && return 0
+  echo "setting PostgreSQL's wal_level to logical (a restart)" >&2
+  "${psql[@]}" -c "ALTER SYSTEM SET wal_level = logical" \
+    -c "ALTER SYSTEM SET max_slot_wal_keep_size = '4GB'"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart
   wait_for 127.0.0.1 5432 PostgreSQL
 }
 

@@ -82,7 +82,7 @@ pub fn creation(message: &Message) -> (Span, Cow<'_, Headers>) {
 
 /// The relay's `send` span for one claimed batch of `messages`, published through
 /// `system`: linked to each message's creation context.
-pub(crate) fn send<'m>(
+pub fn send<'m>(
     system: &'static str,
     messages: impl ExactSizeIterator<Item = &'m Message> + Clone,
 ) -> Span {

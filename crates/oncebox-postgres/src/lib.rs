@@ -56,9 +56,9 @@
 //! Every statement the stores run is built once, when the store is built, with the schema
 //! formatted in; nothing is formatted per call.
 //!
-//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] and
-//! [`SCHEMA_V2`] are `migrations/0001_init.sql` and `0002_inbox_by_consumer.sql`, with
-//! the schema as psql's variable `:"schema"` (`psql -v schema=oncebox -f
+//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`],
+//! [`SCHEMA_V2`] and [`SCHEMA_V3`] are `migrations/0001_init.sql`,
+//! `0002_inbox_by_consumer.sql` and `0003_emit.sql`, with the schema as psql's variable `:"schema"` (`psql -v schema=oncebox -f
 //! 0001_init.sql`), and [`schema_sql`] fills it in. Every statement in them is
 //! idempotent.
 //!
@@ -219,6 +219,8 @@
 //! back, and settling through another handle on the same table (another
 //! [`PgStore::outbox`] call) finds nothing to settle.
 
+#[cfg(feature = "cdc")]
+pub mod cdc;
 mod dedup;
 mod durable;
 mod error;
@@ -236,8 +238,8 @@ pub use durable::PgDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::PgInbox;
 pub use migrate::{
-    DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, SCHEMA_V2, migrator,
-    schema_sql,
+    DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3,
+    migrator, schema_sql,
 };
 pub use outbox::{
     DeadLetter, DebeziumLayout, DebeziumPayload, OutboxStats, PgOutbox, RowState, RowStatus,

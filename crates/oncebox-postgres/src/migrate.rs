@@ -33,7 +33,11 @@ pub const SCHEMA_V1: &str = include_str!("../migrations/0001_init.sql");
 /// Idempotent.
 pub const SCHEMA_V2: &str = include_str!("../migrations/0002_inbox_by_consumer.sql");
 
-/// Every version of the schema in order ([`SCHEMA_V1`], [`SCHEMA_V2`]), with `schema`
+/// `migrations/0003_emit.sql`: the `emit` function of the log-tailing relay's message
+/// mode.
+pub const SCHEMA_V3: &str = include_str!("../migrations/0003_emit.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`], [`SCHEMA_V2`], [`SCHEMA_V3`]), with `schema`
 /// filled in.
 ///
 /// # Errors
@@ -43,7 +47,7 @@ pub const SCHEMA_V2: &str = include_str!("../migrations/0002_inbox_by_consumer.s
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
     let schema = quote(schema);
-    Ok([SCHEMA_V1, SCHEMA_V2]
+    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
         .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
         .join("\n"))
 }
@@ -70,6 +74,7 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
     let migrations = [
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox inbox by consumer", SCHEMA_V2),
+        (3, "oncebox emit", SCHEMA_V3),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

@@ -1,0 +1,509 @@
+//! The log-tailing relay against the real server: both modes, rollbacks, large
+//! transactions, a relay that dies mid-stream, a standby that takes over, dead letters,
+//! the slot's lifecycle.
+
+#![cfg(feature = "cdc")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{LONG, TestDb, url};
+use oncebox_core::{Error, Message, Publisher, Result};
+use oncebox_postgres::cdc::{CdcConnection, CdcMode, CdcOptions, CdcRelay};
+use sqlx::Connection;
+use tokio::task::JoinHandle;
+
+/// Records what it published, after taking `confirm` to confirm it; refuses topic
+/// `refused` for good.
+#[derive(Clone, Default)]
+struct Recorder {
+    published: Arc<Mutex<Vec<Message>>>,
+    confirm: Duration,
+}
+
+impl Publisher for Recorder {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        if message.topic == "refused" {
+            return Err(Error::transport_permanent("the broker refuses this topic"));
+        }
+        tokio::time::sleep(self.confirm).await;
+        self.published.lock().unwrap().push(message.clone());
+        Ok(())
+    }
+}
+
+impl Recorder {
+    /// A broker that takes `confirm` for each confirmation.
+    fn slow(confirm: Duration) -> Self {
+        Self {
+            confirm,
+            ..Self::default()
+        }
+    }
+
+    fn published(&self) -> Vec<Message> {
+        self.published.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, count: usize) -> Vec<Message> {
+        let deadline = tokio::time::Instant::now() + LONG;
+        loop {
+            let published = self.published();
+            if published.len() >= count {
+                return published;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "published {} of {count}",
+                published.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A slot and publication of the test's own, dropped with this value.
+struct Slot {
+    name: String,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            name: format!("t_cdc_{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    fn options(&self, mode: CdcMode) -> CdcOptions {
+        CdcOptions::new(mode, &self.name)
+            .status_interval(Duration::from_millis(100))
+            .standby_poll(Duration::from_millis(100))
+            .stats_interval(Duration::from_millis(200))
+            .backoff(oncebox_core::Backoff::new().initial(Duration::from_millis(10)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let mut conn = sqlx::PgConnection::connect(&url()).await?;
+                for _ in 0..50 {
+                    // A relay of the test may still be reading it (a failed test does
+                    // not stop its tasks): end its session.
+                    let _ = sqlx::query(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND active",
+                    )
+                    .bind(&name)
+                    .execute(&mut conn)
+                    .await;
+                    let dropped = sqlx::query(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND NOT active",
+                    )
+                    .bind(&name)
+                    .execute(&mut conn)
+                    .await;
+                    let left: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+                    )
+                    .bind(&name)
+                    .fetch_one(&mut conn)
+                    .await?;
+                    if dropped.is_ok() && left == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP PUBLICATION IF EXISTS \"{name}\""
+                )))
+                .execute(&mut conn)
+                .await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .join();
+    }
+}
+
+/// Starts `relay` on a task; aborting the task is a relay that dies.
+fn spawn<P: Publisher + 'static>(relay: CdcRelay<P>) -> JoinHandle<Result<()>> {
+    tokio::spawn(async move { relay.run_until(std::future::pending()).await })
+}
+
+fn relay(db: &TestDb, publisher: Recorder, options: CdcOptions) -> CdcRelay<Recorder> {
+    CdcRelay::new(
+        &db.store,
+        CdcConnection::from_url(&url()).unwrap(),
+        publisher,
+        options,
+    )
+    .unwrap()
+}
+
+fn keyed(key: &str, n: usize) -> Message {
+    Message::new("orders", format!("{key}:{n}")).with_key(key)
+}
+
+/// Emits `messages` in one transaction through the message outbox.
+async fn emit(db: &TestDb, messages: &[Message], commit: bool) {
+    let outbox = db.store.message_outbox();
+    let mut tx = db.store.pool().begin().await.unwrap();
+    for message in messages {
+        outbox.enqueue(&mut tx, message).await.unwrap();
+    }
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_publish_what_commits_in_order_and_nothing_that_rolls_back() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let recorder = Recorder::default();
+    let relay = relay(&db, recorder.clone(), slot.options(CdcMode::Messages));
+    relay.prepare().await.unwrap();
+    let task = spawn(relay);
+
+    emit(&db, &[Message::new("orders", "rolled back")], false).await;
+    let big: Vec<Message> = (0..1000).map(|n| keyed("big", n)).collect();
+    emit(&db, &big, true).await;
+    emit(&db, &[Message::new("orders", "also rolled back")], false).await;
+    // A producer in SQL, with the migration's function and its defaults.
+    db.exec(&format!(
+        "SELECT \"{}\".emit('payments', 'p-1', 'PaymentTaken', '{{\"traceparent\":\"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}}', 'paid')",
+        db.schema
+    ))
+    .await;
+
+    let published = recorder.wait_for(1001).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        recorder.published().len(),
+        1001,
+        "nothing more, nothing rolled back"
+    );
+    let (in_big, others): (Vec<_>, Vec<_>) = published
+        .iter()
+        .partition(|m| m.key.as_deref() == Some("big"));
+    assert!(
+        in_big.iter().map(|m| m.id).eq(big.iter().map(|m| m.id)),
+        "all 1,000, in order"
+    );
+    assert_eq!(in_big[0].payload, big[0].payload);
+    let from_sql = others[0];
+    assert_eq!(
+        (
+            from_sql.topic.as_str(),
+            from_sql.key.as_deref(),
+            from_sql.kind.as_str(),
+            &from_sql.payload[..]
+        ),
+        ("payments", Some("p-1"), "PaymentTaken", &b"paid"[..])
+    );
+    assert!(from_sql.headers.get("traceparent").is_some());
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_mode_publishes_inserted_rows_and_deletes_them() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let recorder = Recorder::default();
+    let relay = relay(
+        &db,
+        recorder.clone(),
+        slot.options(CdcMode::Table).delete_batch(50),
+    );
+    relay.prepare().await.unwrap();
+    let task = spawn(relay);
+
+    let rolled_back = db.enqueued(&[Message::new("orders", "no")]).await.unwrap();
+    rolled_back.rollback().await.unwrap();
+    let messages: Vec<Message> = (0..300).map(|n| keyed(&format!("k{}", n % 7), n)).collect();
+    for chunk in messages.chunks(100) {
+        db.enqueued(chunk).await.unwrap().commit().await.unwrap();
+    }
+    let published = recorder.wait_for(300).await;
+    assert_eq!(published.len(), 300);
+    for key in 0..7 {
+        let key = format!("k{key}");
+        let sent: Vec<_> = messages
+            .iter()
+            .filter(|m| m.key.as_deref() == Some(&key))
+            .map(|m| m.id)
+            .collect();
+        let got: Vec<_> = published
+            .iter()
+            .filter(|m| m.key.as_deref() == Some(&key))
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(got, sent, "key {key} in commit order");
+    }
+    let first = messages[0].clone();
+    let got = published.iter().find(|m| m.id == first.id).unwrap();
+    assert_eq!(
+        (&got.payload, &got.kind, got.created_at),
+        (&first.payload, &first.kind, got.created_at)
+    );
+    let drift = got
+        .created_at
+        .duration_since(first.created_at)
+        .unwrap_or_else(|e| e.duration());
+    assert!(
+        drift < Duration::from_micros(2),
+        "created_at read back: {drift:?}"
+    );
+
+    // Published rows are deleted.
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(db.store.pool())
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{left} rows left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    task.abort();
+}
+
+/// Publishes `count` keyed messages from `producers` concurrent producers while the
+/// relay is killed (its task aborted: its connections close, as a killed process's do)
+/// and started again `kills` times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_dies_is_resumed_from_the_slot_and_order_holds() {
+    const KEYS: usize = 20;
+    const PER_KEY: usize = 100;
+    let db = TestDb::with_connections(10).await;
+    let slot = Slot::new();
+    // A broker slow enough that each kill finds publications in flight.
+    let recorder = Recorder::slow(Duration::from_millis(2));
+    let options = slot.options(CdcMode::Messages);
+    relay(&db, recorder.clone(), options.clone())
+        .prepare()
+        .await
+        .unwrap();
+
+    let producers: Vec<_> = (0..4)
+        .map(|producer| {
+            let store = db.store.clone();
+            tokio::spawn(async move {
+                let outbox = store.message_outbox();
+                for key in (producer..KEYS).step_by(4) {
+                    for n in 0..PER_KEY {
+                        let mut tx = store.pool().begin().await.unwrap();
+                        let message =
+                            Message::new("orders", n.to_string()).with_key(format!("k{key}"));
+                        outbox.enqueue(&mut tx, &message).await.unwrap();
+                        tx.commit().await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let mut task = spawn(relay(&db, recorder.clone(), options.clone()));
+    for kill in 1..=3 {
+        recorder.wait_for(kill * 300).await;
+        task.abort();
+        let _ = task.await;
+        task = spawn(relay(&db, recorder.clone(), options.clone()));
+    }
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    recorder.wait_for(KEYS * PER_KEY).await;
+    let deadline = tokio::time::Instant::now() + LONG;
+    let published = loop {
+        let published = recorder.published();
+        let distinct: std::collections::HashSet<_> = published.iter().map(|m| m.id).collect();
+        if distinct.len() == KEYS * PER_KEY {
+            break published;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} distinct of {}",
+            distinct.len(),
+            KEYS * PER_KEY
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    task.abort();
+
+    // Per key: each publication is at most one past the furthest so far (a restart
+    // replays a suffix of what was unconfirmed, never skips ahead).
+    let mut furthest: HashMap<String, i64> = HashMap::new();
+    for message in &published {
+        let n: i64 = std::str::from_utf8(&message.payload)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let seen = furthest.entry(message.key.clone().unwrap()).or_insert(-1);
+        assert!(n <= *seen + 1, "key {:?}: {n} after {seen}", message.key);
+        *seen = (*seen).max(n);
+    }
+    let copies = published.len() - KEYS * PER_KEY;
+    // Unconfirmed at each kill: at most what was in flight plus a status interval's worth.
+    assert!(copies <= 3 * options_window(), "{copies} copies");
+}
+
+fn options_window() -> usize {
+    1024 + 500
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_relay_stands_by_and_takes_over_when_the_first_dies() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let first = Recorder::default();
+    let second = Recorder::default();
+    let options = slot.options(CdcMode::Messages);
+    let leader = relay(&db, first.clone(), options.clone());
+    leader.prepare().await.unwrap();
+    let leader = spawn(leader);
+    emit(&db, &[keyed("a", 0)], true).await;
+    first.wait_for(1).await;
+
+    let standby = spawn(relay(&db, second.clone(), options.clone()));
+    emit(&db, &[keyed("a", 1)], true).await;
+    first.wait_for(2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        second.published().is_empty(),
+        "the standby reads nothing while the leader lives"
+    );
+
+    leader.abort();
+    let _ = leader.await;
+    emit(&db, &[keyed("a", 2)], true).await;
+    let taken = second.wait_for(1).await;
+    assert_eq!(taken.last().unwrap().payload, "a:2");
+    assert!(
+        taken.iter().all(|m| m.payload != "a:0"),
+        "what the leader confirmed is not published again"
+    );
+    standby.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_published_is_dead_lettered_with_its_reason() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let recorder = Recorder::default();
+    let relay = relay(
+        &db,
+        recorder.clone(),
+        slot.options(CdcMode::Messages).max_attempts(2),
+    );
+    relay.prepare().await.unwrap();
+    let task = spawn(relay);
+
+    let refused = Message::new("refused", "x").with_key("a");
+    emit(&db, &[refused.clone(), keyed("a", 1)], true).await;
+    let prefix = oncebox_postgres::cdc::message_prefix(&db.schema);
+    db.exec(&format!(
+        "SELECT pg_logical_emit_message(true, '{prefix}', '\\x02ff'::bytea)"
+    ))
+    .await;
+    db.exec(&format!(
+        "SELECT pg_logical_emit_message(false, '{prefix}', '\\x01'::bytea)"
+    ))
+    .await;
+    emit(&db, &[keyed("a", 2)], true).await;
+
+    let published = recorder.wait_for(2).await;
+    assert_eq!(
+        published
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect::<Vec<_>>(),
+        ["a:1", "a:2"],
+        "the key goes on past its dead message"
+    );
+    let deadline = tokio::time::Instant::now() + LONG;
+    let reasons: Vec<(String, String)> = loop {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT id::text, last_error FROM outbox WHERE status = 'dead' ORDER BY dead_at",
+        )
+        .fetch_all(db.store.pool())
+        .await
+        .unwrap();
+        if rows.len() == 3 {
+            break rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dead letters: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(reasons[0].0, refused.id.to_string());
+    assert!(reasons[0].1.contains("refuses"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|(_, r)| r.contains("version byte 2")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|(_, r)| r.contains("transactional = false")),
+        "{reasons:?}"
+    );
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_behind_is_listed_with_its_wal_and_can_be_dropped() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let options = slot.options(CdcMode::Messages);
+    relay(&db, Recorder::default(), options.clone())
+        .prepare()
+        .await
+        .unwrap();
+    // WAL written after the slot's creation, which nobody reads.
+    emit(
+        &db,
+        &(0..200).map(|n| keyed("w", n)).collect::<Vec<_>>(),
+        true,
+    )
+    .await;
+
+    let slots = db.store.replication_slots().await.unwrap();
+    let found = slots
+        .iter()
+        .find(|s| s.name == slot.name)
+        .expect("the slot is listed");
+    assert!(!found.active);
+    assert!(
+        found.retained_wal_bytes > 0 && found.lag_bytes > 0,
+        "{found:?}"
+    );
+
+    db.store.drop_cdc(&slot.name, &slot.name).await.unwrap();
+    let slots = db.store.replication_slots().await.unwrap();
+    assert!(slots.iter().all(|s| s.name != slot.name));
+    assert!(
+        db.store
+            .drop_cdc("Bad-Name", "x")
+            .await
+            .unwrap_err()
+            .is_invalid_input()
+    );
+}
