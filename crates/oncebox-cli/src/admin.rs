@@ -36,6 +36,9 @@ pub(crate) enum OutboxCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Drops the log-tailing relay's replication slot and publication (`[cdc]`), so that
+    /// the slot keeps no more WAL. Stop the relays reading it first.
+    DropSlot,
     /// One row: its status, attempts, last error, times, and its message.
     Show {
         /// The message id.
@@ -163,11 +166,47 @@ pub(crate) async fn outbox(config: &Config, command: OutboxCommand) -> anyhow::R
     match command {
         OutboxCommand::Stats { json } => {
             let stats = OutboxAdmin::stats(&outbox).await?;
+            // PostgreSQL's replication slots keep WAL for their readers: a slot that a
+            // log-tailing relay left behind shows here.
+            let slots = match &database {
+                Database::Postgres(store) => Some(store.replication_slots().await?),
+                _ => None,
+            };
             if json {
-                println!("{}", stats_json(&stats));
+                let mut value = stats_json(&stats);
+                if let Some(slots) = &slots {
+                    value["replication_slots"] = serde_json::to_value(slots)?;
+                }
+                println!("{value}");
             } else {
                 print_stats(&stats);
+                for slot in slots.iter().flatten() {
+                    println!(
+                        "slot {}  {}  retained WAL {} bytes  lag {} bytes{}",
+                        slot.name,
+                        if slot.active { "active" } else { "inactive" },
+                        slot.retained_wal_bytes,
+                        slot.lag_bytes,
+                        if slot.wal_status == "lost" {
+                            "  LOST"
+                        } else {
+                            ""
+                        }
+                    );
+                }
             }
+        }
+        OutboxCommand::DropSlot => {
+            let Database::Postgres(store) = &database else {
+                anyhow::bail!("replication slots are PostgreSQL's: store.url is not postgres://");
+            };
+            let options = config.cdc_options()?;
+            let publication = config.cdc.publication.as_deref().unwrap_or(options.slot());
+            store.drop_cdc(options.slot(), publication).await?;
+            println!(
+                "dropped slot {} and publication {publication}",
+                options.slot()
+            );
         }
         OutboxCommand::Show { id, json } => {
             let id = parse_id(&id)?;

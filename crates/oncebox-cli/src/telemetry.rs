@@ -14,7 +14,6 @@
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
-use tracing_subscriber::filter::{FilterExt as _, filter_fn};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -45,7 +44,7 @@ pub(crate) fn init(default_logs: &str, tracing: Tracing<'_>) -> Result<Telemetry
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(levels.and(filter_fn(|metadata| metadata.is_event())));
+        .with_filter(levels);
     let registry = tracing_subscriber::registry().with(logs);
     match tracing {
         Tracing::Off => {

@@ -30,7 +30,10 @@ impl Publisher for Recorder {
             return Err(Error::transport_permanent("the broker refuses this topic"));
         }
         tokio::time::sleep(self.confirm).await;
-        self.published.lock().unwrap().push(message.clone());
+        self.published
+            .lock()
+            .expect("the lock is not poisoned")
+            .push(message.clone());
         Ok(())
     }
 }
@@ -45,7 +48,10 @@ impl Recorder {
     }
 
     fn published(&self) -> Vec<Message> {
-        self.published.lock().unwrap().clone()
+        self.published
+            .lock()
+            .expect("the lock is not poisoned")
+            .clone()
     }
 
     async fn wait_for(&self, count: usize) -> Vec<Message> {
@@ -143,11 +149,11 @@ fn spawn<P: Publisher + 'static>(relay: CdcRelay<P>) -> JoinHandle<Result<()>> {
 fn relay(db: &TestDb, publisher: Recorder, options: CdcOptions) -> CdcRelay<Recorder> {
     CdcRelay::new(
         &db.store,
-        CdcConnection::from_url(&url()).unwrap(),
+        CdcConnection::from_url(&url()).expect("a valid URL"),
         publisher,
         options,
     )
-    .unwrap()
+    .expect("valid options")
 }
 
 fn keyed(key: &str, n: usize) -> Message {
@@ -157,14 +163,17 @@ fn keyed(key: &str, n: usize) -> Message {
 /// Emits `messages` in one transaction through the message outbox.
 async fn emit(db: &TestDb, messages: &[Message], commit: bool) {
     let outbox = db.store.message_outbox();
-    let mut tx = db.store.pool().begin().await.unwrap();
+    let mut tx = db.store.pool().begin().await.expect("a transaction begins");
     for message in messages {
-        outbox.enqueue(&mut tx, message).await.unwrap();
+        outbox
+            .enqueue(&mut tx, message)
+            .await
+            .expect("the message is enqueued");
     }
     if commit {
-        tx.commit().await.unwrap();
+        tx.commit().await.expect("the transaction commits");
     } else {
-        tx.rollback().await.unwrap();
+        tx.rollback().await.expect("the transaction rolls back");
     }
 }
 
@@ -174,7 +183,10 @@ async fn messages_publish_what_commits_in_order_and_nothing_that_rolls_back() {
     let slot = Slot::new();
     let recorder = Recorder::default();
     let relay = relay(&db, recorder.clone(), slot.options(CdcMode::Messages));
-    relay.prepare().await.unwrap();
+    relay
+        .prepare()
+        .await
+        .expect("the slot and publication are ready");
     let task = spawn(relay);
 
     emit(&db, &[Message::new("orders", "rolled back")], false).await;
@@ -227,14 +239,28 @@ async fn table_mode_publishes_inserted_rows_and_deletes_them() {
         recorder.clone(),
         slot.options(CdcMode::Table).delete_batch(50),
     );
-    relay.prepare().await.unwrap();
+    relay
+        .prepare()
+        .await
+        .expect("the slot and publication are ready");
     let task = spawn(relay);
 
-    let rolled_back = db.enqueued(&[Message::new("orders", "no")]).await.unwrap();
-    rolled_back.rollback().await.unwrap();
+    let rolled_back = db
+        .enqueued(&[Message::new("orders", "no")])
+        .await
+        .expect("enqueued");
+    rolled_back
+        .rollback()
+        .await
+        .expect("the transaction rolls back");
     let messages: Vec<Message> = (0..300).map(|n| keyed(&format!("k{}", n % 7), n)).collect();
     for chunk in messages.chunks(100) {
-        db.enqueued(chunk).await.unwrap().commit().await.unwrap();
+        db.enqueued(chunk)
+            .await
+            .expect("enqueued")
+            .commit()
+            .await
+            .expect("the transaction commits");
     }
     let published = recorder.wait_for(300).await;
     assert_eq!(published.len(), 300);
@@ -253,7 +279,7 @@ async fn table_mode_publishes_inserted_rows_and_deletes_them() {
         assert_eq!(got, sent, "key {key} in commit order");
     }
     let first = messages[0].clone();
-    let got = published.iter().find(|m| m.id == first.id).unwrap();
+    let got = published.iter().find(|m| m.id == first.id).expect("found");
     assert_eq!(
         (&got.payload, &got.kind, got.created_at),
         (&first.payload, &first.kind, got.created_at)
@@ -273,7 +299,7 @@ async fn table_mode_publishes_inserted_rows_and_deletes_them() {
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
             .fetch_one(db.store.pool())
             .await
-            .unwrap();
+            .expect("the producer commits");
         if left == 0 {
             break;
         }
@@ -298,7 +324,7 @@ async fn a_relay_that_dies_is_resumed_from_the_slot_and_order_holds() {
     relay(&db, recorder.clone(), options.clone())
         .prepare()
         .await
-        .unwrap();
+        .expect("the slot and publication are ready");
 
     let producers: Vec<_> = (0..4)
         .map(|producer| {
@@ -307,11 +333,14 @@ async fn a_relay_that_dies_is_resumed_from_the_slot_and_order_holds() {
                 let outbox = store.message_outbox();
                 for key in (producer..KEYS).step_by(4) {
                     for n in 0..PER_KEY {
-                        let mut tx = store.pool().begin().await.unwrap();
+                        let mut tx = store.pool().begin().await.expect("a transaction begins");
                         let message =
                             Message::new("orders", n.to_string()).with_key(format!("k{key}"));
-                        outbox.enqueue(&mut tx, &message).await.unwrap();
-                        tx.commit().await.unwrap();
+                        outbox
+                            .enqueue(&mut tx, &message)
+                            .await
+                            .expect("the message is enqueued");
+                        tx.commit().await.expect("the transaction commits");
                     }
                 }
             })
@@ -326,7 +355,7 @@ async fn a_relay_that_dies_is_resumed_from_the_slot_and_order_holds() {
         task = spawn(relay(&db, recorder.clone(), options.clone()));
     }
     for producer in producers {
-        producer.await.unwrap();
+        producer.await.expect("the producer ends");
     }
     recorder.wait_for(KEYS * PER_KEY).await;
     let deadline = tokio::time::Instant::now() + LONG;
@@ -351,10 +380,12 @@ async fn a_relay_that_dies_is_resumed_from_the_slot_and_order_holds() {
     let mut furthest: HashMap<String, i64> = HashMap::new();
     for message in &published {
         let n: i64 = std::str::from_utf8(&message.payload)
-            .unwrap()
+            .expect("a number")
             .parse()
-            .unwrap();
-        let seen = furthest.entry(message.key.clone().unwrap()).or_insert(-1);
+            .expect("a number");
+        let seen = furthest
+            .entry(message.key.clone().expect("clone"))
+            .or_insert(-1);
         assert!(n <= *seen + 1, "key {:?}: {n} after {seen}", message.key);
         *seen = (*seen).max(n);
     }
@@ -375,7 +406,10 @@ async fn a_second_relay_stands_by_and_takes_over_when_the_first_dies() {
     let second = Recorder::default();
     let options = slot.options(CdcMode::Messages);
     let leader = relay(&db, first.clone(), options.clone());
-    leader.prepare().await.unwrap();
+    leader
+        .prepare()
+        .await
+        .expect("the slot and publication are ready");
     let leader = spawn(leader);
     emit(&db, &[keyed("a", 0)], true).await;
     first.wait_for(1).await;
@@ -393,7 +427,7 @@ async fn a_second_relay_stands_by_and_takes_over_when_the_first_dies() {
     let _ = leader.await;
     emit(&db, &[keyed("a", 2)], true).await;
     let taken = second.wait_for(1).await;
-    assert_eq!(taken.last().unwrap().payload, "a:2");
+    assert_eq!(taken.last().expect("a last message").payload, "a:2");
     assert!(
         taken.iter().all(|m| m.payload != "a:0"),
         "what the leader confirmed is not published again"
@@ -411,7 +445,10 @@ async fn what_cannot_be_published_is_dead_lettered_with_its_reason() {
         recorder.clone(),
         slot.options(CdcMode::Messages).max_attempts(2),
     );
-    relay.prepare().await.unwrap();
+    relay
+        .prepare()
+        .await
+        .expect("the slot and publication are ready");
     let task = spawn(relay);
 
     let refused = Message::new("refused", "x").with_key("a");
@@ -443,7 +480,7 @@ async fn what_cannot_be_published_is_dead_lettered_with_its_reason() {
         )
         .fetch_all(db.store.pool())
         .await
-        .unwrap();
+        .expect("the dead letters are read");
         if rows.len() == 3 {
             break rows;
         }
@@ -476,7 +513,7 @@ async fn a_slot_left_behind_is_listed_with_its_wal_and_can_be_dropped() {
     relay(&db, Recorder::default(), options.clone())
         .prepare()
         .await
-        .unwrap();
+        .expect("the slot and publication are ready");
     // WAL written after the slot's creation, which nobody reads.
     emit(
         &db,
@@ -485,7 +522,11 @@ async fn a_slot_left_behind_is_listed_with_its_wal_and_can_be_dropped() {
     )
     .await;
 
-    let slots = db.store.replication_slots().await.unwrap();
+    let slots = db
+        .store
+        .replication_slots()
+        .await
+        .expect("the slots are listed");
     let found = slots
         .iter()
         .find(|s| s.name == slot.name)
@@ -496,8 +537,15 @@ async fn a_slot_left_behind_is_listed_with_its_wal_and_can_be_dropped() {
         "{found:?}"
     );
 
-    db.store.drop_cdc(&slot.name, &slot.name).await.unwrap();
-    let slots = db.store.replication_slots().await.unwrap();
+    db.store
+        .drop_cdc(&slot.name, &slot.name)
+        .await
+        .expect("the slot is dropped");
+    let slots = db
+        .store
+        .replication_slots()
+        .await
+        .expect("the slots are listed");
     assert!(slots.iter().all(|s| s.name != slot.name));
     assert!(
         db.store

@@ -65,6 +65,8 @@ pub(crate) struct Config {
     pub(crate) topics: BTreeMap<String, String>,
     /// `oncebox relay`.
     pub(crate) relay: RelayConfig,
+    /// The log-tailing relay (`relay.mode = "cdc"`).
+    pub(crate) cdc: CdcConfig,
     /// `oncebox receive`.
     pub(crate) receive: ReceiveConfig,
     /// The metrics and health endpoint.
@@ -163,9 +165,77 @@ impl Default for BrokerConfig {
     }
 }
 
+/// How `oncebox relay` reads the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RelayMode {
+    /// Claims pending rows of the outbox table.
+    #[default]
+    Poll,
+    /// Tails PostgreSQL's log through a logical replication slot (`[cdc]`).
+    Cdc,
+}
+
+/// What the log-tailing relay reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum CdcSource {
+    /// Logical decoding messages (`emit`), no table.
+    #[default]
+    Messages,
+    /// Inserts into the outbox table.
+    Table,
+}
+
+/// What the relay does with an invalidated slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LostSlotPolicy {
+    /// Stop with an error.
+    #[default]
+    Fail,
+    /// Drop and recreate it, saying what may be lost.
+    Recreate,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct CdcConfig {
+    /// Logical decoding messages or the outbox table's inserts.
+    pub(crate) source: CdcSource,
+    /// The replication slot (created when absent).
+    pub(crate) slot: String,
+    /// The publication (created when absent); default: the slot's name.
+    pub(crate) publication: Option<String>,
+    /// Messages published at once across keys.
+    pub(crate) max_in_flight: i64,
+    /// How often an idle outbox's slot is moved on.
+    pub(crate) heartbeat: Span,
+    /// How often the confirmed position is reported to the server.
+    pub(crate) status_interval: Span,
+    /// What to do with an invalidated slot.
+    pub(crate) on_lost_slot: LostSlotPolicy,
+}
+
+impl Default for CdcConfig {
+    fn default() -> Self {
+        Self {
+            source: CdcSource::Messages,
+            slot: "oncebox_outbox".to_owned(),
+            publication: None,
+            max_in_flight: 1024,
+            heartbeat: Span::secs(10),
+            status_interval: Span::secs(1),
+            on_lost_slot: LostSlotPolicy::Fail,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RelayConfig {
+    /// Poll the outbox table, or tail the log (`[cdc]`).
+    pub(crate) mode: RelayMode,
     /// Name in logs and metric labels.
     pub(crate) name: String,
     pub(crate) batch_size: i64,
@@ -190,6 +260,7 @@ pub(crate) struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
+            mode: RelayMode::Poll,
             name: "outbox".to_owned(),
             batch_size: 256,
             concurrency: 256,
@@ -468,12 +539,62 @@ impl Config {
                 "the Debezium layout needs PostgreSQL (store.url postgres://…)",
             ));
         }
+        if self.relay.mode == RelayMode::Cdc {
+            if let Some(url) = &self.store.url
+                && url.kind() != StoreKind::Postgres
+            {
+                return Err(ConfigError::key(
+                    "relay.mode",
+                    "cdc tails PostgreSQL's log: it needs store.url postgres://…",
+                ));
+            }
+            if self.outbox.layout == Layout::Debezium {
+                return Err(ConfigError::key(
+                    "relay.mode",
+                    "cdc reads oncebox's outbox table or its messages, not the Debezium layout",
+                ));
+            }
+            if self.cdc.max_in_flight <= 0 {
+                return Err(ConfigError::key("cdc.max_in_flight", "must be positive"));
+            }
+            self.cdc_options()
+                .map_err(|error| ConfigError::key("cdc", error))?;
+        }
         self.http.address()?;
         self.otel.validate()?;
         Ok(())
     }
 
     /// The store URL, which every command needs.
+    /// The log-tailing relay's options, from `[cdc]` and `[relay]`.
+    pub(crate) fn cdc_options(&self) -> oncebox::Result<oncebox::postgres::cdc::CdcOptions> {
+        use oncebox::postgres::cdc::{CdcMode, CdcOptions, LostSlot};
+        let cdc = &self.cdc;
+        let mode = match cdc.source {
+            CdcSource::Messages => CdcMode::Messages,
+            CdcSource::Table => CdcMode::Table,
+        };
+        let options = CdcOptions::new(mode, cdc.slot.clone())
+            .publication(cdc.publication.clone().unwrap_or_else(|| cdc.slot.clone()))
+            .max_in_flight(usize::try_from(cdc.max_in_flight).unwrap_or(1))
+            .max_attempts(u32::try_from(self.relay.max_attempts).unwrap_or(u32::MAX))
+            .backoff(
+                oncebox::Backoff::new()
+                    .initial(self.relay.retry_initial.get())
+                    .max(self.relay.retry_max.get()),
+            )
+            .publish_timeout(self.relay.publish_timeout.get())
+            .heartbeat(cdc.heartbeat.get())
+            .status_interval(cdc.status_interval.get())
+            .stats_interval(self.relay.stats_interval.get())
+            .on_lost_slot(match cdc.on_lost_slot {
+                LostSlotPolicy::Fail => LostSlot::Fail,
+                LostSlotPolicy::Recreate => LostSlot::Recreate,
+            });
+        options.validate()?;
+        Ok(options)
+    }
+
     pub(crate) fn store_url(&self) -> Result<&StoreUrl, ConfigError> {
         self.store.url.as_ref().ok_or_else(|| {
             ConfigError::key(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use oncebox::postgres::cdc::{CdcConnection, CdcRelay};
 use oncebox::spool::{Relay, SpoolOptions};
 use oncebox::{Backoff, Message, Publisher, Result};
 use tokio::sync::watch;
@@ -14,11 +15,14 @@ use super::Started;
 use super::backend::{AnyOutbox, AnyPublisher, Broker, Database};
 use super::http::ReadinessCheck;
 use super::stop::{self, Signals};
-use crate::config::Config;
+use crate::config::{Config, RelayMode};
 
 /// Runs `oncebox relay` on `config` until a signal stops it.
 pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
     let signals = Signals::listen().context("cannot listen to SIGTERM and SIGINT")?;
+    if config.relay.mode == RelayMode::Cdc {
+        return cdc(config, signals).await;
+    }
     let mut started = Started::new(config).await?;
     let (database, broker) = (Arc::clone(&started.database), Arc::clone(&started.broker));
     let outbox = database.outbox(config)?;
@@ -63,6 +67,53 @@ pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
                 ended.context("the relay stopped")?;
             }
             Ok(())
+        }
+    };
+    stop::run_until_signal(signals, stopping, config.relay.stop_timeout.get(), work).await
+}
+
+/// `oncebox relay` with `relay.mode = "cdc"`: tails PostgreSQL's log through the
+/// `[cdc]` slot; a second process with the same slot stands by.
+async fn cdc(config: &Config, signals: Signals) -> anyhow::Result<ExitCode> {
+    let mut started = Started::new(config).await?;
+    let (database, broker) = (Arc::clone(&started.database), Arc::clone(&started.broker));
+    let Database::Postgres(store) = &*database else {
+        anyhow::bail!("relay.mode = \"cdc\" needs a PostgreSQL store");
+    };
+    let url = config.store_url()?;
+    let mut connection = CdcConnection::from_url(url.as_str()).context("store.url")?;
+    if let Some(password) = &config.store.password {
+        connection = connection.with_password(password.expose());
+    }
+    let publisher = TopicMap::new(
+        broker
+            .publisher()
+            .await
+            .context("cannot open a publisher")?,
+        config.topics.clone(),
+    );
+    let options = config.cdc_options().context("[cdc] settings")?;
+    let relay = CdcRelay::new(store, connection, publisher, options).context("[cdc] settings")?;
+    let database_check = Arc::clone(&database);
+    let broker_check = Arc::clone(&broker);
+    started.serve(Arc::new(move || {
+        let (database, broker) = (Arc::clone(&database_check), Arc::clone(&broker_check));
+        Box::pin(async move { super::reachable(&database, &broker).await })
+    }));
+    tracing::info!(
+        broker = broker.kind(),
+        slot = relay.options().slot(),
+        mode = ?relay.options().mode(),
+        "relaying from the log"
+    );
+    let (stopping, _) = watch::channel(false);
+    let work = {
+        let stopping = stopping.clone();
+        async move {
+            relay
+                .run_until(stop::stopped(&stopping))
+                .await
+                .context("the relay stopped")
         }
     };
     stop::run_until_signal(signals, stopping, config.relay.stop_timeout.get(), work).await

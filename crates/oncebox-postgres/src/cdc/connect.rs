@@ -130,7 +130,7 @@ mod tests {
         let target = CdcConnection::from_url(
             "postgres://app%40eu:p%2Fss@db.example:6432/orders?sslmode=require&application_name=x",
         )
-        .unwrap();
+        .expect("a valid URL");
         assert_eq!(
             (
                 &*target.host,
@@ -141,7 +141,8 @@ mod tests {
             ),
             ("db.example", 6432, "app@eu", "p/ss", "orders")
         );
-        let socket = CdcConnection::from_url("postgres:///test?host=/run/postgresql").unwrap();
+        let socket =
+            CdcConnection::from_url("postgres:///test?host=/run/postgresql").expect("a valid URL");
         assert_eq!(
             (&*socket.host, &*socket.database),
             ("/run/postgresql", "test")

@@ -137,12 +137,12 @@ mod tests {
                 "traceparent",
                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
             )
-            .unwrap();
+            .expect("a valid header");
         let decoded = decode(
             &Bytes::from(encode(&message, &message.headers)),
             SystemTime::UNIX_EPOCH,
         )
-        .unwrap();
+        .expect("decodes");
         assert_eq!(decoded.id, message.id);
         assert_eq!(decoded.topic, "orders");
         assert_eq!(decoded.key.as_deref(), Some("order-7"));
@@ -164,7 +164,7 @@ mod tests {
         content.extend_from_slice(meta);
         content.extend_from_slice(b"body");
         let committed = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
-        let message = decode(&Bytes::from(content), committed).unwrap();
+        let message = decode(&Bytes::from(content), committed).expect("decodes");
         assert_eq!((message.key, message.kind.as_str()), (None, ""));
         assert_eq!(
             (message.created_at, &message.payload[..]),

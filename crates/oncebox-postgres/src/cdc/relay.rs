@@ -104,7 +104,9 @@ impl<P: Publisher> CdcRelay<P> {
                 "UPDATE {table} SET status = 'dead', attempts = $2, last_error = $3, \
                  dead_at = now() WHERE seq = $1"
             ),
-            delete_published: format!("DELETE FROM {table} WHERE seq = ANY($1::bigint[])"),
+            delete_published: format!(
+                "DELETE FROM {table} WHERE seq = ANY($1::bigint[]) RETURNING seq"
+            ),
             table,
         };
         Ok(Self {
@@ -346,18 +348,23 @@ impl<P: Publisher> CdcRelay<P> {
         result.map(drop).map_err(store_error)
     }
 
-    /// Deletes published rows (table mode).
-    async fn delete_published(&self, seqs: &mut Vec<i64>) -> Result<()> {
+    /// Deletes published rows (table mode); the seqs it did not find.
+    async fn delete_published(&self, seqs: &[i64]) -> Result<Vec<i64>> {
         if seqs.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        sqlx::query(sqlx::AssertSqlSafe(self.sql.delete_published.as_str()))
-            .bind(&*seqs)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        seqs.clear();
-        Ok(())
+        let deleted: Vec<i64> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.delete_published.as_str()))
+                .bind(seqs)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(store_error)?;
+        let deleted: std::collections::HashSet<i64> = deleted.into_iter().collect();
+        Ok(seqs
+            .iter()
+            .copied()
+            .filter(|seq| !deleted.contains(seq))
+            .collect())
     }
 }
 
@@ -375,6 +382,16 @@ struct Session<'r, P> {
     unsettled: usize,
     /// Published rows not yet deleted (table mode).
     published: Vec<i64>,
+    /// Published rows a delete did not find, and when that first happened. A commit is
+    /// decoded as soon as its record is in the WAL, a moment before the transaction
+    /// becomes visible to other sessions: a delete in that moment misses the row, so
+    /// it is tried again, for up to a second; after that the row is taken for gone (a
+    /// previous reader deleted it before the slot learned that it was published).
+    unseen: Vec<(i64, tokio::time::Instant)>,
+    /// The position that may be confirmed once the published rows are deleted (table
+    /// mode: a row's commit is confirmed only after its row is gone, or a crash in
+    /// between would leave it in the table for good).
+    confirmable: Option<pgwire_replication::Lsn>,
 }
 
 impl<'r, P: Publisher> Session<'r, P> {
@@ -388,6 +405,8 @@ impl<'r, P: Publisher> Session<'r, P> {
             waiting: HashMap::new(),
             unsettled: 0,
             published: Vec::new(),
+            unseen: Vec::new(),
+            confirmable: None,
         }
     }
 
@@ -417,9 +436,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                         None => return Err(Error::store_transient("the replication stream ended")),
                     }
                 }
-                _ = flush.tick() => {
-                    self.relay.delete_published(&mut self.published).await?;
-                }
+                _ = flush.tick() => self.flush(client).await?,
                 _ = heartbeat.tick() => {
                     if let Err(error) = slot::heartbeat(&self.relay.pool, &self.relay.sql.heartbeat_prefix).await {
                         tracing::warn!(%error, "CDC relay: heartbeat failed");
@@ -568,14 +585,42 @@ impl<'r, P: Publisher> Session<'r, P> {
         }
         self.unsettled -= 1;
         self.progress.done(job.commit);
-        if let Some(confirmed) = self.progress.advance() {
+        if let Some(confirmable) = self.progress.advance() {
+            self.confirmable = Some(confirmable);
+            if self.relay.options.mode == CdcMode::Messages {
+                self.confirm(client);
+            }
+        }
+        if self.published.len() >= self.relay.options.delete_batch {
+            self.flush(client).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the published rows (table mode), then confirms what may be: only once
+    /// no published row is left to delete.
+    async fn flush(&mut self, client: &ReplicationClient) -> Result<()> {
+        let now = tokio::time::Instant::now();
+        let mut seqs = std::mem::take(&mut self.published);
+        seqs.extend(self.unseen.iter().map(|(seq, _)| *seq));
+        let missed = self.relay.delete_published(&seqs).await?;
+        let first_missed: HashMap<i64, tokio::time::Instant> = self.unseen.drain(..).collect();
+        self.unseen = missed
+            .into_iter()
+            .map(|seq| (seq, first_missed.get(&seq).copied().unwrap_or(now)))
+            .filter(|(_, since)| now.duration_since(*since) < Duration::from_secs(1))
+            .collect();
+        if self.unseen.is_empty() {
+            self.confirm(client);
+        }
+        Ok(())
+    }
+
+    fn confirm(&mut self, client: &ReplicationClient) {
+        if let Some(confirmed) = self.confirmable.take() {
             client.update_applied_lsn(confirmed);
             self.relay.metrics.confirmed(confirmed);
         }
-        if self.published.len() >= self.relay.options.delete_batch {
-            self.relay.delete_published(&mut self.published).await?;
-        }
-        Ok(())
     }
 
     /// After a stop: lets the publications in flight finish (each is bounded by the
@@ -588,7 +633,9 @@ impl<'r, P: Publisher> Session<'r, P> {
                 return;
             }
         }
-        let _ = self.relay.delete_published(&mut self.published).await;
+        if self.flush(client).await.is_err() {
+            return;
+        }
         let deadline = tokio::time::Instant::now() + 2 * self.relay.options.status_interval;
         while client.feedback_pending_since().is_some() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -600,12 +647,10 @@ impl<'r, P: Publisher> Session<'r, P> {
 /// by a reader that just died and a stream that ended are transient; authentication,
 /// TLS and other server refusals are permanent.
 fn wire_error(error: PgWireError) -> Error {
-    let text = error.to_string();
-    if error.is_transient() || text.contains("is active for PID") {
+    let slot_in_use = error.to_string().contains("is active for PID");
+    if error.is_transient() || slot_in_use {
         Error::store_transient(error)
-    } else if error.is_auth() || error.is_tls() {
-        Error::store_permanent(error)
-    } else if error.is_server() {
+    } else if error.is_auth() || error.is_tls() || error.is_server() {
         Error::store_permanent(error)
     } else {
         Error::store_transient(error)

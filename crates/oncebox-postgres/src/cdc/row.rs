@@ -201,15 +201,15 @@ mod tests {
 
     #[test]
     fn text_values_are_read() {
-        assert_eq!(hex_bytea("\\x00ff7A").unwrap(), [0, 255, 122]);
-        assert_eq!(hex_bytea("\\x").unwrap(), Vec::<u8>::new());
+        assert_eq!(hex_bytea("\\x00ff7A").expect("hex"), [0, 255, 122]);
+        assert_eq!(hex_bytea("\\x").expect("hex"), Vec::<u8>::new());
         for bad in ["00ff", "\\x0", "\\xzz"] {
             assert!(hex_bytea(bad).is_err(), "{bad}");
         }
-        let at = timestamp("2026-11-27 04:39:31.123456+00").unwrap();
+        let at = timestamp("2026-11-27 04:39:31.123456+00").expect("a timestamp");
         let micros = at
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
+            .expect("after the epoch")
             .as_micros();
         assert_eq!(micros % 1_000_000, 123_456);
         assert!(timestamp("2026-11-27 04:39:31+05:30").is_ok());
