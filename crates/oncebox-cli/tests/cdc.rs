@@ -97,10 +97,9 @@ async fn survive_kills(broker: Broker, source: Source) {
         ),
         Broker::Kafka => {
             let topic = support::unique("cdc_orders");
-            let admin = oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(
-                kafka_brokers(),
-            ))
-            .expect("an admin client");
+            let admin =
+                oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(kafka_brokers()))
+                    .expect("an admin client");
             admin
                 .create_topic(&topic, 3, 1)
                 .await
@@ -266,10 +265,9 @@ status_interval = "100ms"
             let _ = jetstream.delete_stream(schema.to_uppercase()).await;
         }
         Broker::Kafka => {
-            let admin = oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(
-                kafka_brokers(),
-            ))
-            .expect("an admin client");
+            let admin =
+                oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(kafka_brokers()))
+                    .expect("an admin client");
             let _ = admin.delete_topics(&[topic.as_str()]).await;
         }
     }
