@@ -284,7 +284,7 @@ async fn schemas_are_isolated() {
         .fetch_one(db.store.pool())
         .await
         .unwrap();
-        assert_eq!(applied, 2, "{schema}");
+        assert_eq!(applied, 3, "{schema}");
     }
     common::drop_schema(other_schema);
 }
