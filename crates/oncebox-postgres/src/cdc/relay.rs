@@ -261,16 +261,6 @@ impl<P: Publisher> CdcRelay<P> {
         ended
     }
 
-    fn committed_at(micros: i64) -> SystemTime {
-        let since = Duration::from_micros(micros.unsigned_abs());
-        let epoch = SystemTime::UNIX_EPOCH + Duration::from_secs(PG_EPOCH_SECS);
-        if micros >= 0 {
-            epoch + since
-        } else {
-            epoch - since
-        }
-    }
-
     /// Publishes `job.message`, retrying transient failures with backoff: an outage
     /// (the broker unreachable) is retried without counting against the message.
     async fn publish(&self, job: Job) -> (Job, Result<()>) {
@@ -315,6 +305,7 @@ impl<P: Publisher> CdcRelay<P> {
         tracing::error!(
             slot = %self.options.slot,
             message_id = %message.id,
+            outbox_seq = ?seq,
             topic = %message.topic,
             reason,
             "CDC relay: dead-lettered"
@@ -461,7 +452,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 commit_time_micros, ..
             } => {
                 let commit = self.progress.begin();
-                self.open = Some((commit, CdcRelay::<P>::committed_at(commit_time_micros)));
+                self.open = Some((commit, committed_at(commit_time_micros)));
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
                 if let Some((commit, _)) = self.open.take() {
@@ -640,6 +631,17 @@ impl<'r, P: Publisher> Session<'r, P> {
         while client.feedback_pending_since().is_some() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+/// A commit time as pgoutput sends it (microseconds since 2000-01-01).
+fn committed_at(micros: i64) -> SystemTime {
+    let since = Duration::from_micros(micros.unsigned_abs());
+    let epoch = SystemTime::UNIX_EPOCH + Duration::from_secs(PG_EPOCH_SECS);
+    if micros >= 0 {
+        epoch + since
+    } else {
+        epoch - since
     }
 }
 

@@ -167,7 +167,7 @@ pub(crate) async fn ensure_slot(pool: &PgPool, slot: &str, lost: LostSlot) -> Re
     )
 }
 
-/// Drops the slot, waiting up to `wait` for a reader that just died to let go of it.
+/// Drops the slot if it exists (the server refuses while a reader holds it).
 pub(crate) async fn drop_slot(pool: &PgPool, slot: &str) -> Result<()> {
     sqlx::query(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
