@@ -1,9 +1,12 @@
 //! Runs the real `oncebox bench` binary with small sizes and checks the shape and sanity
 //! of its JSON reports. Never asserts performance targets: figures depend on the machine.
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
+use support::psql;
 
 fn bench(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
@@ -32,16 +35,20 @@ fn number(report: &Value, field: &str) -> f64 {
 }
 
 /// Checks the fields shared by the throughput benchmarks (relay, consumer): the relay's
-/// rounds also run the engine with a Prometheus recorder (`metered`), after the engine.
+/// rounds also run the engine with a Prometheus recorder (`metered`), after the engine,
+/// and with `--mode cdc` the log-tailing relay last.
 fn check_comparison(report: &Value, messages: u64, rounds: usize) {
     let mut sides = if report["bench"] == "relay" {
         vec!["baseline", "engine", "metered"]
     } else {
         vec!["baseline", "engine"]
     };
-    // Builds with the feature otel run a traced side last in each round.
+    // Builds with the feature otel run a traced side after them in each round.
     if cfg!(feature = "otel") {
         sides.push("traced");
+    }
+    if report.get("cdc").is_some() {
+        sides.extend(["cdc", "cdc-table"]);
     }
     assert!(number(report, "msgs_per_s") > 0.0, "{report}");
     assert!(number(report, "baseline_msgs_per_s") > 0.0, "{report}");
@@ -103,25 +110,32 @@ fn check_comparison(report: &Value, messages: u64, rounds: usize) {
     }
 }
 
-fn check_latency(report: &Value, wake: &str, rate: u64, seconds: u64) {
+/// Checks a latency report of one run measuring each of `wakes`, in that order.
+fn check_latency(report: &Value, wakes: &[&str], rate: u64, seconds: u64) {
     assert_eq!(report["bench"], "latency", "{report}");
-    assert_eq!(report["wake"], wake, "{report}");
     assert_eq!(report["rate"].as_u64(), Some(rate), "{report}");
     assert_eq!(report["seconds"].as_u64(), Some(seconds), "{report}");
-    // The warm-up second is not counted.
-    assert_eq!(
-        report["messages"].as_u64(),
-        Some(rate * seconds),
-        "{report}"
-    );
-    let (p50, p99, max) = (
-        number(report, "p50_ms"),
-        number(report, "p99_ms"),
-        number(report, "max_ms"),
-    );
-    assert!(0.0 <= p50 && p50 <= p99 && p99 <= max, "{report}");
-    assert!(max.is_finite(), "{report}");
-    assert!(number(report, "achieved_rate") > 0.0, "{report}");
+    let measured = report["wakes"].as_array().expect("wakes is an array");
+    assert_eq!(measured.len(), wakes.len(), "{report}");
+    for (wake, measured) in wakes.iter().zip(measured) {
+        assert_eq!(measured["wake"], *wake, "{report}");
+        // The warm-up second is not counted.
+        assert_eq!(
+            measured["messages"].as_u64(),
+            Some(rate * seconds),
+            "{report}"
+        );
+        let (p50, p99, max) = (
+            number(measured, "p50_ms"),
+            number(measured, "p99_ms"),
+            number(measured, "max_ms"),
+        );
+        assert!(0.0 <= p50 && p50 <= p99 && p99 <= max, "{report}");
+        assert!(max.is_finite(), "{report}");
+        assert!(number(measured, "achieved_rate") > 0.0, "{report}");
+        let early = measured["early"].as_u64().expect("early is a count");
+        assert!(early <= rate * seconds, "{report}");
+    }
 }
 
 #[test]
@@ -154,21 +168,19 @@ fn relay_takes_batch_and_rounds() {
 
 #[test]
 fn latency_on_sqlite_reports_ordered_percentiles() {
-    for wake in ["notify", "poll"] {
-        let report = bench(&[
-            "latency",
-            "--store",
-            "sqlite",
-            "--rate",
-            "200",
-            "--seconds",
-            "2",
-            "--wake",
-            wake,
-        ]);
-        assert_eq!(report["store"], "sqlite", "{report}");
-        check_latency(&report, wake, 200, 2);
-    }
+    let report = bench(&[
+        "latency",
+        "--store",
+        "sqlite",
+        "--rate",
+        "200",
+        "--seconds",
+        "2",
+        "--wake",
+        "notify,poll",
+    ]);
+    assert_eq!(report["store"], "sqlite", "{report}");
+    check_latency(&report, &["notify", "poll"], 200, 2);
 }
 
 #[test]
@@ -192,23 +204,90 @@ fn relay_on_postgres_reports_engine_baseline_and_ratio() {
     check_comparison(&report, 2000, 3);
 }
 
+/// The log-tailing relay's benchmarks, in one test so that the check for slots left
+/// behind sees no other benchmark's: latency beside notify and poll in one run, and
+/// relay throughput with `--mode cdc`. Each run reads a slot of its own (named after its
+/// schema, `bench_…`) and drops it, with its publication.
 #[test]
-fn latency_on_postgres_reports_ordered_percentiles() {
-    for wake in ["notify", "poll"] {
-        let report = bench(&[
-            "latency",
-            "--store",
-            "postgres",
-            "--rate",
-            "200",
-            "--seconds",
-            "2",
-            "--wake",
-            wake,
-        ]);
-        assert_eq!(report["store"], "postgres", "{report}");
-        check_latency(&report, wake, 200, 2);
+fn log_tailing_on_postgres_is_measured_beside_polling() {
+    let wakes = ["notify", "poll", "cdc", "cdc-table"];
+    let report = bench(&[
+        "latency",
+        "--store",
+        "postgres",
+        "--rate",
+        "200",
+        "--seconds",
+        "2",
+        "--wake",
+        &wakes.join(","),
+    ]);
+    assert_eq!(report["store"], "postgres", "{report}");
+    check_latency(&report, &wakes, 200, 2);
+
+    let report = bench(&[
+        "relay",
+        "--store",
+        "postgres",
+        "--mode",
+        "cdc",
+        "--messages",
+        "3000",
+        "--keys",
+        "50",
+        "--rounds",
+        "1",
+    ]);
+    check_comparison(&report, 3000, 1);
+    let cdc = &report["cdc"];
+    let runs = report["runs"].as_array().expect("runs is an array");
+    for (side, field, ratio) in [
+        ("cdc", "msgs_per_s", "ratio"),
+        ("cdc-table", "table_msgs_per_s", "table_ratio"),
+    ] {
+        let run = runs
+            .iter()
+            .find(|run| run["side"] == side)
+            .expect("a run of each log-tailing side");
+        assert_eq!(number(run, "msgs_per_s"), number(cdc, field), "{report}");
+        let expected = number(cdc, field) / number(&report, "msgs_per_s");
+        assert!((number(cdc, ratio) - expected).abs() < 1e-9, "{report}");
     }
+
+    let left = psql(
+        "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'bench\\_%')
+              + (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'bench\\_%')",
+    );
+    assert_eq!(left.trim(), "0", "slots or publications were left behind");
+}
+
+#[test]
+fn enqueue_compares_an_outbox_row_with_a_logical_message() {
+    let report = bench(&[
+        "enqueue",
+        "--messages",
+        "600",
+        "--producers",
+        "3",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(report["bench"], "enqueue", "{report}");
+    assert_eq!(report["producers"].as_u64(), Some(3), "{report}");
+    let runs = report["runs"].as_array().expect("runs is an array");
+    let sides: Vec<&str> = runs.iter().filter_map(|run| run["side"].as_str()).collect();
+    assert_eq!(
+        sides,
+        ["bare", "row", "message", "bare", "row", "message"],
+        "{report}"
+    );
+    for run in runs {
+        assert_eq!(run["messages"].as_u64(), Some(600), "{report}");
+        assert!(number(run, "msgs_per_s") > 0.0, "{report}");
+    }
+    let ratio = number(&report, "message_tx_per_s") / number(&report, "row_tx_per_s");
+    assert!((number(&report, "ratio") - ratio).abs() < 1e-9, "{report}");
+    assert!(number(&report, "bare_tx_per_s") > 0.0, "{report}");
 }
 
 #[test]
@@ -261,7 +340,28 @@ fn human_output_is_a_table_and_bad_flags_are_refused() {
         &["relay", "--store", "oracle"],
         &["relay", "--transport", "carrier-pigeon"],
         &["latency", "--wake", "sometimes"],
+        &["latency", "--wake", "notify,sometimes"],
         &["latency", "--rate", "0"],
+        // The log-tailing relay reads PostgreSQL only.
+        &[
+            "latency",
+            "--store",
+            "sqlite",
+            "--wake",
+            "cdc",
+            "--seconds",
+            "1",
+        ],
+        &[
+            "relay",
+            "--store",
+            "sqlite",
+            "--mode",
+            "cdc",
+            "--messages",
+            "10",
+        ],
+        &["enqueue", "--producers", "0"],
         &["consumer", "--lanes", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))

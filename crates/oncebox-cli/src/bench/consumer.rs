@@ -65,7 +65,8 @@ pub(crate) async fn run<B: Backend>(
                     };
                     consume(plain, side, round, args).await?
                 }
-                Side::Engine | Side::Metered | Side::Traced => {
+                // The engine, traced or not.
+                _ => {
                     let inbox = TransactionalInbox::new(
                         Timed::new(backend.inbox(), &probe),
                         Timed::new(backend.effect(), &probe),

@@ -20,16 +20,32 @@ pub(crate) enum Side {
     /// The engine with its spans built and handed to an OpenTelemetry exporter that
     /// drops them (builds with the feature `otel`).
     Traced,
+    /// The log-tailing relay reading logical messages (`bench relay --mode cdc`).
+    Cdc,
+    /// The log-tailing relay reading outbox rows (`bench relay --mode cdc`).
+    #[serde(rename = "cdc-table")]
+    CdcTable,
+    /// A business transaction alone (`bench enqueue`).
+    Bare,
+    /// A business transaction with an outbox row (`bench enqueue`).
+    Row,
+    /// A business transaction with a logical decoding message (`bench enqueue`).
+    Message,
 }
 
 impl Side {
-    /// `"baseline"` or `"engine"`.
+    /// The side's name in reports.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Baseline => "baseline",
             Self::Engine => "engine",
             Self::Metered => "metered",
             Self::Traced => "traced",
+            Self::Cdc => "cdc",
+            Self::CdcTable => "cdc-table",
+            Self::Bare => "bare",
+            Self::Row => "row",
+            Self::Message => "message",
         }
     }
 

@@ -4,9 +4,12 @@
 //! - `bench relay`: drain a pre-filled outbox with the relay, against a plain loop of one
 //!   claim-and-delete statement per batch publishing with the broker's own client
 //!   (`--transport memory|nats|rabbitmq|kafka|redis`, the brokers behind the cli's cargo
-//!   features of the same names, Redis's as `redis-streams`).
-//! - `bench latency`: commit-to-publish latency at a fixed rate, woken by notification
-//!   or by polling.
+//!   features of the same names, Redis's as `redis-streams`); `--mode cdc` adds the
+//!   log-tailing relay on PostgreSQL.
+//! - `bench latency`: commit-to-publish latency at a fixed rate, woken by notification,
+//!   by polling or by tailing PostgreSQL's log, several in the same run.
+//! - `bench enqueue`: the producer's business transaction with an outbox row, against
+//!   the same with a logical decoding message (PostgreSQL).
 //! - `bench consumer`: the transactional inbox against the same handler in a plain
 //!   transaction, through the same consumer lanes and broker.
 //!
@@ -18,6 +21,7 @@
 mod backend;
 mod consumer;
 mod dedup;
+mod enqueue;
 mod http;
 mod latency;
 mod measure;
@@ -82,6 +86,9 @@ enum BenchCommand {
     Http(http::HttpArgs),
     /// Dedup store begin+complete cycles and duplicate checks per second.
     Dedup(dedup::DedupArgs),
+    /// Producer transactions per second on PostgreSQL with an outbox row, against the
+    /// same with a logical decoding message.
+    Enqueue(enqueue::EnqueueArgs),
 }
 
 /// Where the outbox and inbox live.
@@ -120,13 +127,30 @@ pub(crate) enum TransportKind {
 
 /// How the relay learns of new messages in `bench latency`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Wake {
     /// The producer wakes the relay at commit (PostgreSQL `NOTIFY`, or the in-process
     /// wake-up for SQLite); the relay polls only once a second as a fallback.
     Notify,
     /// The relay polls with its default adaptive interval (10 ms to 1 s).
     Poll,
+    /// The log-tailing relay (PostgreSQL only), reading the logical messages the
+    /// producer emits instead of writing outbox rows.
+    Cdc,
+    /// The log-tailing relay (PostgreSQL only), reading the producer's outbox rows as
+    /// they are inserted, and deleting them once published.
+    CdcTable,
+}
+
+/// The relays `bench relay` compares with its baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RelayMode {
+    /// The polling relay, bare, metered and (builds with `otel`) traced.
+    Poll,
+    /// The same, then the log-tailing relay on logical messages and on outbox rows
+    /// (PostgreSQL only).
+    Cdc,
 }
 
 /// Flags every benchmark takes.
@@ -168,6 +192,9 @@ pub(crate) struct RelayArgs {
     /// Baseline/engine pairs to run; the best run of each side is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
+    /// The relays compared with the baseline.
+    #[arg(long, value_enum, default_value_t = RelayMode::Poll)]
+    pub(crate) mode: RelayMode,
 }
 
 /// Flags of `oncebox bench latency`.
@@ -181,9 +208,10 @@ pub(crate) struct LatencyArgs {
     /// Seconds measured, after one second of warm-up that is not.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub(crate) seconds: u32,
-    /// How the relay learns of new messages.
-    #[arg(long, value_enum, default_value_t = Wake::Notify)]
-    pub(crate) wake: Wake,
+    /// How the relay learns of new messages; several, comma-separated
+    /// (`notify,poll,cdc`), are measured one after the other in the same run.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "notify")]
+    pub(crate) wake: Vec<Wake>,
     /// Most rows the relay claims at once.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) batch: u32,
@@ -214,7 +242,9 @@ impl BenchCommand {
             Self::Relay(args) => &args.common,
             Self::Latency(args) => &args.common,
             Self::Consumer(args) => &args.common,
-            Self::Http(_) | Self::Dedup(_) => unreachable!("bench http and dedup run on their own"),
+            Self::Http(_) | Self::Dedup(_) | Self::Enqueue(_) => {
+                unreachable!("bench http, dedup and enqueue run on their own")
+            }
         }
     }
 }
@@ -225,6 +255,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let args = match args.command {
         BenchCommand::Http(http) => return http::run(http).await,
         BenchCommand::Dedup(dedup) => return dedup::run(dedup).await,
+        BenchCommand::Enqueue(enqueue) => return enqueue::run(enqueue).await,
         command => BenchArgs { command },
     };
     let common = args.command.common().clone();
@@ -266,9 +297,9 @@ async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Resul
             BenchCommand::Consumer(args) => {
                 consumer::run(&backend, args).await.map(Report::Consumer)
             }
-            BenchCommand::Http(_) | BenchCommand::Dedup(_) => {
-                Err(anyhow::anyhow!("bench http and dedup run on their own"))
-            }
+            BenchCommand::Http(_) | BenchCommand::Dedup(_) | BenchCommand::Enqueue(_) => Err(
+                anyhow::anyhow!("bench http, dedup and enqueue run on their own"),
+            ),
         }
     };
     let result = tokio::select! {

@@ -18,21 +18,36 @@
 //!   `tracing-opentelemetry` and batched to an exporter that drops them; `tracing.ratio`
 //!   is traced / engine, the cost of tracing without a collector's.
 //!
-//! Both end on the claim that finds the table empty. Filling is not timed.
+//! - **cdc** and **cdc-table** (`--mode cdc`, PostgreSQL only): the log-tailing
+//!   relay on a new slot, after a backlog of logical messages or outbox rows committed
+//!   in transactions of 1,000 (the walsender decodes a transaction whole, so one huge
+//!   one would measure its spilling to disk, not the relay); timed from the relay's
+//!   start until the broker confirmed the last message. Rows are deleted inside that
+//!   time in batches of 1,000, all but the last; the graceful stop after it (which
+//!   waits up to a status interval for the server to take the slot's confirmation) is
+//!   not timed.
+//!
+//! The polling sides end on the claim that finds the table empty. Filling is not timed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::Context as _;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use oncebox::postgres::cdc::CdcMode;
 use oncebox::spool::{Relay, SpoolOptions};
+use oncebox::{Message, Publisher};
+use tokio::sync::Notify;
 
-use super::RelayArgs;
 use super::backend::Backend;
+use super::backend::postgres::PgBench;
 use super::measure::{Comparison, Run, Side, TracingCost, best};
 use super::probe::{Probe, Timed};
-use super::report::RelayReport;
+use super::report::{CdcThroughput, RelayReport};
 use super::traced;
 use super::transport::BenchTransport;
+use super::{RelayArgs, RelayMode};
 
 /// Runs the relay benchmark on `backend`, publishing to `transport`.
 pub(crate) async fn run<B: Backend, T: BenchTransport>(
@@ -41,18 +56,41 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
     args: &RelayArgs,
 ) -> anyhow::Result<RelayReport> {
     let progress = !args.common.json;
+    let mut sides = Side::with_traced(&[Side::Baseline, Side::Engine, Side::Metered]);
+    let pg = match args.mode {
+        RelayMode::Poll => None,
+        RelayMode::Cdc => {
+            sides.extend([Side::Cdc, Side::CdcTable]);
+            Some(
+                backend
+                    .postgres()
+                    .context("--mode cdc needs --store postgres")?,
+            )
+        }
+    };
     let mut runs = Vec::new();
     for round in 1..=args.rounds {
-        for side in Side::with_traced(&[Side::Baseline, Side::Engine, Side::Metered]) {
+        for &side in &sides {
             backend.reset_outbox().await?;
             transport.reset().await.context("preparing the broker")?;
-            backend
-                .prefill(transport.topic(), args.messages, args.keys)
-                .await
-                .context("filling the outbox")?;
-            let run = match side {
-                Side::Baseline => baseline(backend, &*transport, args, round).await?,
-                side => engine(backend, &*transport, args, round, side).await?,
+            let run = match (side, pg) {
+                (Side::Cdc, Some(pg)) => {
+                    cdc(pg, &*transport, args, round, CdcMode::Messages).await?
+                }
+                (Side::CdcTable, Some(pg)) => {
+                    cdc(pg, &*transport, args, round, CdcMode::Table).await?
+                }
+                (side, _) => {
+                    backend
+                        .prefill(transport.topic(), args.messages, args.keys)
+                        .await
+                        .context("filling the outbox")?;
+                    if side == Side::Baseline {
+                        baseline(backend, &*transport, args, round).await?
+                    } else {
+                        engine(backend, &*transport, args, round, side).await?
+                    }
+                }
             };
             if progress {
                 eprintln!(
@@ -85,6 +123,22 @@ pub(crate) async fn run<B: Backend, T: BenchTransport>(
             0.0
         },
         tracing: TracingCost::of(&runs),
+        cdc: pg.map(|_| {
+            let ratio = |side| {
+                let engine = comparison.engine;
+                if engine > 0.0 {
+                    best(&runs, side) / engine
+                } else {
+                    0.0
+                }
+            };
+            CdcThroughput {
+                msgs_per_s: best(&runs, Side::Cdc),
+                ratio: ratio(Side::Cdc),
+                table_msgs_per_s: best(&runs, Side::CdcTable),
+                table_ratio: ratio(Side::CdcTable),
+            }
+        }),
         runs,
     })
 }
@@ -158,6 +212,75 @@ async fn engine<B: Backend, T: BenchTransport>(
         );
     }
     Ok(Run::new(side, round, done, elapsed).with_steps(probe.steps()))
+}
+
+/// The log-tailing relay of `mode` on a new slot: fills its backlog (not timed), then
+/// runs it until the broker confirmed `--messages` (timed) and stops it gracefully.
+async fn cdc<T: BenchTransport>(
+    pg: &PgBench,
+    transport: &T,
+    args: &RelayArgs,
+    round: u32,
+    mode: CdcMode,
+) -> anyhow::Result<Run> {
+    let side = match mode {
+        CdcMode::Messages => Side::Cdc,
+        CdcMode::Table => Side::CdcTable,
+    };
+    let published = Arc::new(AtomicU64::new(0));
+    let all_published = Arc::new(Notify::new());
+    let publisher = Counted {
+        inner: transport.publisher().await?,
+        published: Arc::clone(&published),
+        target: args.messages,
+        reached: Arc::clone(&all_published),
+    };
+    let relay = pg.cdc_relay(mode, publisher).await?;
+    pg.prefill_cdc(mode, transport.topic(), args.messages, args.keys)
+        .await?;
+    let stop = Arc::new(Notify::new());
+    let started = Instant::now();
+    let running = relay.run_until({
+        let stop = Arc::clone(&stop);
+        async move { stop.notified().await }
+    });
+    tokio::pin!(running);
+    let elapsed = tokio::select! {
+        () = all_published.notified() => started.elapsed(),
+        stopped = &mut running => {
+            stopped?;
+            anyhow::bail!("the log-tailing relay stopped before publishing everything");
+        }
+    };
+    stop.notify_one();
+    running.await?;
+    pg.drop_cdc().await?;
+    let counted = published.load(Ordering::Relaxed);
+    check_published(transport, counted, args.messages).await?;
+    Ok(Run::new(side, round, counted, elapsed))
+}
+
+/// A publisher that counts the messages the broker confirmed and wakes `reached` when
+/// the count comes to `target`.
+struct Counted<P> {
+    inner: P,
+    published: Arc<AtomicU64>,
+    target: u64,
+    reached: Arc<Notify>,
+}
+
+impl<P: Publisher> Publisher for Counted<P> {
+    async fn publish(&self, message: &Message) -> oncebox::Result<()> {
+        self.inner.publish(message).await?;
+        if self.published.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
+            self.reached.notify_one();
+        }
+        Ok(())
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
 }
 
 async fn check_published<T: BenchTransport>(

@@ -45,11 +45,27 @@ pub(crate) struct RelayReport {
     /// The cost of tracing (builds with the feature `otel`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tracing: Option<TracingCost>,
+    /// The log-tailing relay (`--mode cdc`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cdc: Option<CdcThroughput>,
     /// Every run, in the order they ran.
     pub(crate) runs: Vec<Run>,
 }
 
-/// `bench latency`: commit-to-publish latency.
+/// The log-tailing relay's best runs, against the polling relay's.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct CdcThroughput {
+    /// Best run on logical messages.
+    pub(crate) msgs_per_s: f64,
+    /// `msgs_per_s` / the polling relay's best run.
+    pub(crate) ratio: f64,
+    /// Best run on outbox rows.
+    pub(crate) table_msgs_per_s: f64,
+    /// `table_msgs_per_s` / the polling relay's best run.
+    pub(crate) table_ratio: f64,
+}
+
+/// `bench latency`: commit-to-publish latency, for each way of waking the relay.
 #[derive(Debug, Serialize)]
 pub(crate) struct LatencyReport {
     /// `"latency"`.
@@ -58,14 +74,25 @@ pub(crate) struct LatencyReport {
     pub(crate) store: StoreKind,
     /// The transport.
     pub(crate) transport: TransportKind,
-    /// How the relay was woken.
-    pub(crate) wake: Wake,
     /// Messages per second asked for.
     pub(crate) rate: u32,
     /// Seconds measured (after the warm-up).
     pub(crate) seconds: u32,
+    /// One measurement per `--wake`, in the order they ran.
+    pub(crate) wakes: Vec<WakeLatency>,
+}
+
+/// The latency of a relay woken one way.
+#[derive(Debug, Serialize)]
+pub(crate) struct WakeLatency {
+    /// How the relay was woken.
+    pub(crate) wake: Wake,
     /// Messages measured.
     pub(crate) messages: u64,
+    /// Messages published before their producer's commit returned, counted as 0 ms: the
+    /// log-tailing relay can read a commit from the WAL before the server's reply
+    /// reaches the producer.
+    pub(crate) early: u64,
     /// Commits per second the producer achieved (warm-up included).
     pub(crate) achieved_rate: f64,
     /// Median latency.
@@ -128,21 +155,37 @@ impl Report {
                     r.metered_msgs_per_s, r.msgs_per_s, r.metrics_ratio
                 );
                 TracingCost::print(r.tracing, r.msgs_per_s);
+                if let Some(cdc) = r.cdc {
+                    println!(
+                        "  log tailing: messages {:.0} msg/s (ratio {:.3}) · table {:.0} msg/s (ratio {:.3}) · against the engine",
+                        cdc.msgs_per_s, cdc.ratio, cdc.table_msgs_per_s, cdc.table_ratio
+                    );
+                }
             }
             Self::Latency(r) => {
                 println!(
-                    "latency · store {} · transport {} · wake {} · {} msg/s for {} s (achieved {:.0} msg/s)",
+                    "latency · store {} · transport {} · {} msg/s for {} s",
                     name(r.store),
                     name(r.transport),
-                    name(r.wake),
                     r.rate,
                     r.seconds,
-                    r.achieved_rate
                 );
                 println!(
-                    "  {} messages: p50 {:.2} ms · p99 {:.2} ms · max {:.2} ms · mean {:.2} ms",
-                    r.messages, r.p50_ms, r.p99_ms, r.max_ms, r.mean_ms
+                    "  wake        achieved  messages    p50 ms    p99 ms    max ms   mean ms     early"
                 );
+                for w in &r.wakes {
+                    println!(
+                        "  {:<10} {:>9.0} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9}",
+                        name(w.wake),
+                        w.achieved_rate,
+                        w.messages,
+                        w.p50_ms,
+                        w.p99_ms,
+                        w.max_ms,
+                        w.mean_ms,
+                        w.early
+                    );
+                }
             }
             Self::Consumer(r) => {
                 println!(

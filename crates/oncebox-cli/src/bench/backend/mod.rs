@@ -72,6 +72,11 @@ pub(crate) trait Backend: Send + Sync + Sized {
     /// Rows in the effect table.
     fn count_effects(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
 
+    /// The PostgreSQL backend, which alone can run the log-tailing relay.
+    fn postgres(&self) -> Option<&postgres::PgBench> {
+        None
+    }
+
     /// Removes everything the backend created.
     fn close(self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }

@@ -1,11 +1,14 @@
 //! The PostgreSQL backend: a new schema, dropped at the end.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use oncebox::consumer::TxHandler;
+use oncebox::postgres::cdc::{CdcConnection, CdcMode, CdcOptions, CdcRelay};
 use oncebox::postgres::{PgInbox, PgOutbox, PgStore};
-use oncebox::{Bytes, Error, Headers, Message, MessageId, Received, Result};
+use oncebox::{Bytes, Error, Headers, Message, MessageId, Publisher, Received, Result};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::{Backend, redact};
@@ -15,6 +18,8 @@ use crate::bench::workload;
 /// benchmark's effect table; the schema is dropped by [`Backend::close`].
 pub(crate) struct PgBench {
     store: PgStore,
+    /// The server's URL, for the log-tailing relay's replication connection.
+    url: String,
     /// The outbox table, qualified.
     outbox_table: String,
     /// The inbox table, qualified.
@@ -23,12 +28,26 @@ pub(crate) struct PgBench {
     effects_table: String,
     /// Fills the outbox: `$1` count, `$2` keys, `$3` topic, `$4` kind, `$5` payload.
     fill: String,
+    /// Fills the outbox in a range of message numbers: `$1` first, `$2` last, `$3` keys,
+    /// `$4` topic, `$5` kind, `$6` payload.
+    fill_range: String,
+    /// Emits logical messages for a range of message numbers, parameters as `fill_range`.
+    emit_range: String,
     /// The baseline relay's statement: `$1` limit; its commit does not wait for the WAL
     /// flush, as the relay's bookkeeping does not.
     take_batch: String,
     /// The effect handler's insert.
     insert_effect: Arc<str>,
+    /// Whether a log-tailing relay's slot may have been created, to be dropped at the end.
+    cdc_used: AtomicBool,
 }
+
+/// The ordering key of message number `m` in SQL, as [`workload::key`] makes it.
+const KEY_SQL: &str = "format('key-%s', lpad(m::text, greatest(5, length(m::text)), '0'))";
+
+/// Messages per transaction when the backlog of a log-tailing relay is filled: producers
+/// commit small transactions, and the walsender decodes each one whole.
+const CDC_FILL_CHUNK: u64 = 1000;
 
 impl PgBench {
     /// Connects to `url` and creates oncebox's tables in a new schema.
@@ -44,10 +63,20 @@ impl PgBench {
         let bench = Self {
             fill: format!(
                 "INSERT INTO {outbox_table} (id, topic, key, kind, headers, payload, created_at)
-SELECT gen_random_uuid(), $3, format('key-%s', lpad(m::text, greatest(5, length(m::text)), '0')),
+SELECT gen_random_uuid(), $3, {KEY_SQL},
        $4, '{{}}'::jsonb, $5, statement_timestamp()
 FROM generate_series(0::bigint, $1::bigint - 1) AS n, LATERAL (SELECT n % $2::bigint AS m) AS k
 ORDER BY n"
+            ),
+            fill_range: format!(
+                "INSERT INTO {outbox_table} (id, topic, key, kind, headers, payload, created_at)
+SELECT gen_random_uuid(), $4, {KEY_SQL}, $5, '{{}}'::jsonb, $6, statement_timestamp()
+FROM generate_series($1::bigint, $2::bigint) AS n, LATERAL (SELECT n % $3::bigint AS m) AS k
+ORDER BY n"
+            ),
+            emit_range: format!(
+                "SELECT count({quoted}.emit($4, {KEY_SQL}, $5, '{{}}'::jsonb, $6))
+FROM generate_series($1::bigint, $2::bigint) AS n, LATERAL (SELECT n % $3::bigint AS m) AS k"
             ),
             // Like the relay's claims and settlements, the baseline's commit does not wait
             // for the WAL flush (`synchronous_commit` off for its transaction only), so
@@ -68,6 +97,8 @@ RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS head
             effects_table,
             outbox_table,
             store,
+            url: url.to_owned(),
+            cdc_used: AtomicBool::new(false),
         };
         if let Err(error) = bench.create().await {
             if let Err(cleanup) = bench.close().await {
@@ -94,6 +125,122 @@ RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS head
         ))
         .await
         .context("creating the effect table")
+    }
+
+    /// A log-tailing relay of `mode` publishing through `publisher`, with its slot and
+    /// publication (both named after the schema, so that a run removes only what it
+    /// made) created now: the slot sees what is committed from here on.
+    pub(crate) async fn cdc_relay<P: Publisher>(
+        &self,
+        mode: CdcMode,
+        publisher: P,
+    ) -> anyhow::Result<CdcRelay<P>> {
+        self.cdc_used.store(true, Ordering::Relaxed);
+        let connection =
+            CdcConnection::from_url(&self.url).context("the replication connection's URL")?;
+        let options = CdcOptions::new(mode, self.store.schema());
+        let relay = CdcRelay::new(&self.store, connection, publisher, options)?;
+        relay
+            .prepare()
+            .await
+            .context("creating the replication slot")?;
+        Ok(relay)
+    }
+
+    /// Waits until a relay streams from the slot of [`cdc_relay`](Self::cdc_relay).
+    pub(crate) async fn wait_streaming(&self) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let active: Option<bool> =
+                sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+                    .bind(self.store.schema())
+                    .fetch_optional(self.store.pool())
+                    .await?;
+            if active == Some(true) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the log-tailing relay did not start streaming within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Drops the slot and publication of [`cdc_relay`](Self::cdc_relay), waiting (up to
+    /// 10 s) for the server to let go of a slot whose reader has just stopped.
+    pub(crate) async fn drop_cdc(&self) -> anyhow::Result<()> {
+        let name = self.store.schema();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.store.drop_cdc(name, name).await {
+                Ok(()) => return Ok(()),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("dropping replication slot {name}"));
+                }
+            }
+        }
+    }
+
+    /// Fills the backlog of a log-tailing relay of `mode` (not timed): `messages` on
+    /// `topic` spread over `keys` keys, as logical messages or outbox rows, committed in
+    /// transactions of [`CDC_FILL_CHUNK`] messages.
+    pub(crate) async fn prefill_cdc(
+        &self,
+        mode: CdcMode,
+        topic: &str,
+        messages: u64,
+        keys: u32,
+    ) -> anyhow::Result<()> {
+        let statement = match mode {
+            CdcMode::Messages => &self.emit_range,
+            CdcMode::Table => &self.fill_range,
+        };
+        let mut first = 0;
+        while first < messages {
+            let last = (first + CDC_FILL_CHUNK).min(messages) - 1;
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .bind(i64::try_from(first)?)
+                .bind(i64::try_from(last)?)
+                .bind(i64::from(keys))
+                .bind(topic)
+                .bind(workload::KIND)
+                .bind(workload::payload())
+                .execute(self.store.pool())
+                .await
+                .context("filling the log-tailing relay's backlog")?;
+            first = last + 1;
+        }
+        if let Err(error) = self.execute("CHECKPOINT").await {
+            tracing::debug!(%error, "CHECKPOINT refused; runs may differ a little more");
+        }
+        Ok(())
+    }
+
+    /// A producer's transaction in the message mode: emits `message` as a logical message
+    /// and commits.
+    pub(crate) async fn emit_one(&self, message: &Message) -> anyhow::Result<()> {
+        let mut tx = self.store.pool().begin().await?;
+        self.store
+            .message_outbox()
+            .enqueue(&mut tx, message)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The store.
+    pub(crate) fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    /// The insert of the row the consumer benchmark's handler writes (`$1` message id,
+    /// `$2` key, `$3` payload): the business row of `bench enqueue`.
+    pub(crate) fn business_insert(&self) -> Arc<str> {
+        Arc::clone(&self.insert_effect)
     }
 
     /// Runs statements with the simple protocol (so that `VACUUM` works too).
@@ -200,7 +347,16 @@ impl Backend for PgBench {
         Ok(u64::try_from(count)?)
     }
 
+    fn postgres(&self) -> Option<&PgBench> {
+        Some(self)
+    }
+
     async fn close(self) -> anyhow::Result<()> {
+        if self.cdc_used.load(Ordering::Relaxed)
+            && let Err(error) = self.drop_cdc().await
+        {
+            eprintln!("oncebox bench: {error:#}");
+        }
         let schema = self.store.schema().to_owned();
         // Rolled-back work of an interrupted run may still hold locks for a moment.
         let dropped = self
