@@ -2,6 +2,7 @@
 # Starts, and where missing installs, the services the tests need.
 #
 #   scripts/services.sh NAME...
+#   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox chaos`)
 #
 # Each backend's tests add their service to SERVICES in scripts/test; this script knows
 # how to bring each one up on a Debian machine and waits until it answers.
@@ -132,6 +133,28 @@ ensure_kafka() {
     >"$TOOLS/tansu.log" 2>&1 </dev/null &
   wait_for 127.0.0.1 9092 "Kafka (tansu)"
 }
+
+# restart NAME: a restart that keeps the service's data, as `oncebox chaos` injects it.
+# Redis and Kafka (tansu) keep their data in memory here: a restart would lose it.
+restart() {
+  case "$1" in
+    postgres)
+      pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart -m fast
+      wait_for 127.0.0.1 5432 PostgreSQL ;;
+    nats)
+      start-stop-daemon --stop --oknodo --retry 10 --exec /usr/sbin/nats-server >/dev/null
+      ensure_nats ;;
+    rabbitmq)
+      rabbitmqctl -q stop_app && rabbitmqctl -q start_app
+      wait_for 127.0.0.1 5672 RabbitMQ ;;
+    *) log "cannot restart $1 without losing its data"; exit 2 ;;
+  esac
+}
+
+if [ "${1:-}" = restart ]; then
+  restart "${2:?restart what?}"
+  exit 0
+fi
 
 for service in "$@"; do
   case "$service" in

@@ -18,6 +18,7 @@
 
 mod admin;
 mod bench;
+mod chaos;
 mod config;
 mod demo;
 mod service;
@@ -76,6 +77,13 @@ enum Command {
     /// Benchmark the relay, its latency, the inbox, the HTTP layer and the dedup stores
     /// against baselines without them.
     Bench(bench::BenchArgs),
+    /// Run the order → payment system as real relay and payment processes on PostgreSQL
+    /// and a broker, under a seeded plan of kills, pauses, cut connections and restarts,
+    /// and audit the charges.
+    Chaos(chaos::ChaosArgs),
+    /// The payment process of `oncebox chaos` (started by it).
+    #[command(hide = true, name = "chaos-payments")]
+    ChaosPayments(chaos::PaymentsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,7 +143,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo and the benchmarks take their own flags, not the service configuration.
     let config = match cli.command {
-        Command::Demo(_) | Command::Bench(_) => None,
+        Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) => None,
         _ => match Config::load(&cli.overrides) {
             Ok(config) => Some(config),
             Err(error) => return configuration_error(&error),
@@ -150,6 +158,10 @@ fn main() -> ExitCode {
         (Command::Receive(_), Some(config)) => {
             telemetry::init("info", Tracing::Services(config, "oncebox-receive"))
         }
+        (Command::ChaosPayments(_), Some(config)) => {
+            telemetry::init("info", Tracing::Services(config, "oncebox-chaos-payments"))
+        }
+        (Command::Chaos(_), _) => telemetry::init("error", Tracing::Off),
         (Command::Bench(_), _) => telemetry::init("error", Tracing::Bench),
         _ => telemetry::init("error", Tracing::Off),
     };
@@ -201,10 +213,11 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
             return Ok(demo::run(config).await?);
         }
         Command::Bench(args) => return Ok(bench::run(args).await?),
+        Command::Chaos(args) => return Ok(chaos::run(args).await?),
         command => command,
     };
     let Some(config) = config else {
-        unreachable!("main loads the configuration of every command but the demo and bench")
+        unreachable!("main loads the configuration of every command but demo, bench and chaos")
     };
     let code = match command {
         Command::Relay => service::relay(&config).await?,
@@ -217,7 +230,8 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
         Command::Outbox(command) => admin::outbox(&config, command).await?,
         Command::DeadLetters(command) => admin::dead_letters(&config, command).await?,
         Command::Inbox(command) => admin::inbox(&config, command).await?,
-        Command::Demo(_) | Command::Bench(_) => unreachable!("handled above"),
+        Command::ChaosPayments(args) => chaos::payments(&config, &args).await?,
+        Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) => unreachable!("handled above"),
     };
     Ok(code)
 }

@@ -120,12 +120,15 @@ fn stopped() -> Error {
 /// Opens a link for `role`: connection, confirm channel, and the exchange if it
 /// publishes to one.
 async fn connect(settings: &Settings, role: Role) -> Result<Link> {
-    let link = Link::open(settings, role.name()).await?;
-    link.confirm().await?;
-    if role == Role::Publisher {
-        link.exchange(settings).await?;
-    }
-    Ok(link)
+    crate::connection::setting_up(settings, async {
+        let link = Link::open(settings, role.name()).await?;
+        link.confirm().await?;
+        if role == Role::Publisher {
+            link.exchange(settings).await?;
+        }
+        Ok(link)
+    })
+    .await
 }
 
 /// A publish the driver has not answered yet.

@@ -6,11 +6,34 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use std::future::Future;
+
 use lapin::{Channel, Connection, ConnectionProperties};
 use oncebox_core::Result;
 
 use crate::error::{RabbitError, setup_error};
 use crate::options::Settings;
+
+/// Runs `setup` (opening a [`Link`] and declaring what it needs) within the connect
+/// timeout. A broker that is starting accepts connections before it answers on them
+/// (seen while RabbitMQ restarts its application): without the bound, a reconnecting
+/// subscriber would wait there for good, holding its prefetched deliveries.
+///
+/// # Errors
+///
+/// The errors of `setup`, and a transient [`RabbitError::ConnectTimeout`].
+pub(crate) async fn setting_up<T>(
+    settings: &Settings,
+    setup: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(settings.connect_timeout, setup).await {
+        Ok(result) => result,
+        Err(_) => Err(setup_error(RabbitError::ConnectTimeout {
+            url: settings.url.clone(),
+            timeout: settings.connect_timeout,
+        })),
+    }
+}
 
 /// A connection with the one channel the transport uses on it.
 ///
@@ -24,6 +47,7 @@ pub(crate) struct Link {
 
 impl Link {
     /// Opens a connection for `role` (named in the management UI) and a channel on it.
+    /// Unbounded in time: callers run it in [`setting_up`].
     ///
     /// # Errors
     ///
@@ -33,22 +57,14 @@ impl Link {
         let name = format!("{} ({role})", settings.connection_name);
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from(name));
-        let connect = Connection::connect_uri(settings.uri.clone(), properties);
-        let connection = match tokio::time::timeout(settings.connect_timeout, connect).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(source)) => {
-                return Err(setup_error(RabbitError::Connect {
+        let connection = Connection::connect_uri(settings.uri.clone(), properties)
+            .await
+            .map_err(|source| {
+                setup_error(RabbitError::Connect {
                     url: settings.url.clone(),
                     source,
-                }));
-            }
-            Err(_) => {
-                return Err(setup_error(RabbitError::ConnectTimeout {
-                    url: settings.url.clone(),
-                    timeout: settings.connect_timeout,
-                }));
-            }
-        };
+                })
+            })?;
         let channel = connection.create_channel().await.map_err(|source| {
             setup_error(RabbitError::Channel {
                 action: "opening a channel",

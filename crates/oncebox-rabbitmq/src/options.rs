@@ -191,7 +191,9 @@ impl RabbitOptions {
         self
     }
 
-    /// How long opening a connection (TCP, TLS, AMQP handshake) may take. Default: 10 s.
+    /// How long opening a connection may take: TCP, TLS, the AMQP handshake, the channel
+    /// and the declarations on it (a starting broker may accept a connection and answer
+    /// nothing for a while). Default: 10 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

@@ -176,6 +176,10 @@ impl RabbitSubscriber {
 
 /// Opens a link, declares the group's topology and starts consuming.
 async fn consume(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
+    crate::connection::setting_up(settings, open_consuming(settings, names)).await
+}
+
+async fn open_consuming(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
     let link = Link::open(settings, "subscriber").await?;
     link.exchange(settings).await?;
     link.group(settings, names).await?;

@@ -37,6 +37,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use backend::Backend;
+pub(crate) use backend::redact;
 use report::{RelayReport, Report};
 use transport::BenchTransport;
 
@@ -64,7 +65,7 @@ fn ensure_traced(side: measure::Side, exported: u64) -> anyhow::Result<()> {
 }
 
 /// The PostgreSQL server used when neither `--database-url` nor `ONCEBOX_PG_URL` is set.
-const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub(crate) const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// Flags of `oncebox bench`.
 #[derive(Debug, Args)]

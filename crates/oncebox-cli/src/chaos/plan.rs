@@ -1,0 +1,208 @@
+//! The fault plan: which fault strikes when, drawn from a seed before the run starts, so
+//! that a run's faults can be told and repeated (their effects still depend on timing).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// A kind of process the chaos run supervises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Role {
+    /// An `oncebox relay` process.
+    Relay,
+    /// A payment service process (`oncebox chaos-payments`).
+    Consumer,
+}
+
+/// One fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub(crate) enum Fault {
+    /// SIGKILL, then a new process in its place.
+    Kill { role: Role, index: usize },
+    /// SIGSTOP for `millis`, then SIGCONT: a relay paused past its lease comes back to
+    /// claims that are no longer its own.
+    Pause {
+        role: Role,
+        index: usize,
+        millis: u64,
+    },
+    /// `pg_terminate_backend` of every connection of the relays.
+    TerminateRelayConnections,
+    /// The broker restarted by its command.
+    RestartBroker,
+    /// PostgreSQL restarted by its command.
+    RestartPostgres,
+}
+
+impl Fault {
+    /// The fault's kind, as the report counts them.
+    pub(crate) fn kind(self) -> &'static str {
+        match self {
+            Self::Kill {
+                role: Role::Relay, ..
+            } => "kill_relay",
+            Self::Kill {
+                role: Role::Consumer,
+                ..
+            } => "kill_consumer",
+            Self::Pause {
+                role: Role::Relay, ..
+            } => "pause_relay",
+            Self::Pause {
+                role: Role::Consumer,
+                ..
+            } => "pause_consumer",
+            Self::TerminateRelayConnections => "terminate_relay_connections",
+            Self::RestartBroker => "restart_broker",
+            Self::RestartPostgres => "restart_postgres",
+        }
+    }
+}
+
+/// How many faults of each kind, over how long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanSpec {
+    /// The window the faults are spread over (the time the orders take to place).
+    pub(crate) window: Duration,
+    pub(crate) relays: usize,
+    pub(crate) consumers: usize,
+    pub(crate) kills: u32,
+    pub(crate) pauses: u32,
+    /// How long a pause lasts: longer than the relays' lease.
+    pub(crate) pause: Duration,
+    pub(crate) terminations: u32,
+    pub(crate) broker_restarts: u32,
+    pub(crate) postgres_restarts: u32,
+}
+
+/// The faults of `spec` at instants drawn from `seed`, in time order.
+///
+/// Kills, pauses and connection terminations fall at random instants of the window;
+/// restarts are spread evenly over its middle (a restart in the last instants would test
+/// only the drain), each at a random point of its own slice.
+pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let window = spec.window.as_millis().max(1) as u64;
+    let mut faults = Vec::new();
+    let anywhere = |rng: &mut fastrand::Rng| Duration::from_millis(rng.u64(0..window));
+    let pick = |rng: &mut fastrand::Rng| {
+        let relays = spec.relays;
+        let consumers = spec.consumers;
+        let n = rng.usize(0..(relays + consumers).max(1));
+        if n < relays || consumers == 0 {
+            (Role::Relay, n.min(relays.saturating_sub(1)))
+        } else {
+            (Role::Consumer, n - relays)
+        }
+    };
+    for _ in 0..spec.kills {
+        let (role, index) = pick(&mut rng);
+        faults.push((anywhere(&mut rng), Fault::Kill { role, index }));
+    }
+    for _ in 0..spec.pauses {
+        let (role, index) = pick(&mut rng);
+        let millis = spec.pause.as_millis() as u64;
+        faults.push((
+            anywhere(&mut rng),
+            Fault::Pause {
+                role,
+                index,
+                millis,
+            },
+        ));
+    }
+    for _ in 0..spec.terminations {
+        faults.push((anywhere(&mut rng), Fault::TerminateRelayConnections));
+    }
+    let restarts: Vec<Fault> =
+        std::iter::repeat_n(Fault::RestartBroker, spec.broker_restarts as usize)
+            .chain(std::iter::repeat_n(
+                Fault::RestartPostgres,
+                spec.postgres_restarts as usize,
+            ))
+            .collect();
+    let mut restarts = restarts;
+    rng.shuffle(&mut restarts);
+    // Restarts fall in the middle 80 % of the window, one per slice.
+    let slices = restarts.len() as u64;
+    for (i, fault) in restarts.into_iter().enumerate() {
+        let slice = window * 8 / 10 / slices.max(1);
+        let at = window / 10 + slice * i as u64 + rng.u64(0..slice.max(1));
+        faults.push((Duration::from_millis(at), fault));
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    faults
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PlanSpec {
+        PlanSpec {
+            window: Duration::from_secs(100),
+            relays: 3,
+            consumers: 2,
+            kills: 50,
+            pauses: 4,
+            pause: Duration::from_secs(8),
+            terminations: 3,
+            broker_restarts: 2,
+            postgres_restarts: 1,
+        }
+    }
+
+    #[test]
+    fn a_seed_gives_one_plan_with_every_fault_asked_for() {
+        let plan = plan(&spec(), 7);
+        assert_eq!(
+            plan,
+            super::plan(&spec(), 7),
+            "the same seed, the same plan"
+        );
+        assert_ne!(plan, super::plan(&spec(), 8));
+        assert_eq!(plan.len(), 50 + 4 + 3 + 2 + 1);
+        assert!(plan.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
+        assert!(plan.iter().all(|(at, _)| *at < Duration::from_secs(100)));
+        let count = |kind: &str| plan.iter().filter(|(_, f)| f.kind() == kind).count();
+        assert_eq!(count("kill_relay") + count("kill_consumer"), 50);
+        assert!(count("kill_relay") > 0 && count("kill_consumer") > 0);
+        assert_eq!(count("pause_relay") + count("pause_consumer"), 4);
+        assert_eq!(count("terminate_relay_connections"), 3);
+        assert_eq!(count("restart_broker"), 2);
+        assert_eq!(count("restart_postgres"), 1);
+        for (_, fault) in &plan {
+            match *fault {
+                Fault::Kill { role, index } | Fault::Pause { role, index, .. } => match role {
+                    Role::Relay => assert!(index < 3),
+                    Role::Consumer => assert!(index < 2),
+                },
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn restarts_are_spread_over_the_middle_of_the_window() {
+        let plan = plan(&spec(), 42);
+        let restarts: Vec<Duration> = plan
+            .iter()
+            .filter(|(_, f)| matches!(f, Fault::RestartBroker | Fault::RestartPostgres))
+            .map(|(at, _)| *at)
+            .collect();
+        assert_eq!(restarts.len(), 3);
+        assert!(
+            restarts
+                .iter()
+                .all(|at| *at >= Duration::from_secs(10) && *at < Duration::from_secs(90))
+        );
+        // One per slice of the middle: never two in the same third.
+        let slices: Vec<u64> = restarts
+            .iter()
+            .map(|at| (at.as_secs() - 10) * 3 / 80)
+            .collect();
+        assert_eq!(slices, [0, 1, 2]);
+    }
+}
