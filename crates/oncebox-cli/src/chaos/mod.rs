@@ -151,6 +151,8 @@ struct Published {
     missing: u64,
     /// Orders whose first copy came after a later order of the same customer.
     out_of_order: u64,
+    /// Messages on the topic that are not orders.
+    unreadable: u64,
 }
 
 impl ChaosReport {
@@ -167,6 +169,7 @@ impl ChaosReport {
         check(l.charged_twice, "orders charged more than once");
         check(l.phantom_charges, "charges of orders never committed");
         check(p.missing, "committed orders missing from the broker");
+        check(p.unreadable, "messages on the topic that are not orders");
         check(
             p.out_of_order,
             "orders published before an earlier order of their customer",
@@ -548,8 +551,17 @@ async fn restart(command: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the audit's reader waits for its first delivery: a new Kafka consumer group
+/// is assigned its partitions only after the group's join (seconds on tansu, more while
+/// it is busy).
+const FIRST_DELIVERY: Duration = Duration::from_secs(60);
+
+/// How long the audit's reader waits for the next delivery once deliveries flow.
+const NEXT_DELIVERY: Duration = Duration::from_secs(5);
+
 /// Reads the topic back in the broker's order with a reader of its own, until every
-/// committed order was found or nothing came for five seconds.
+/// committed order was found or nothing more came (see [`FIRST_DELIVERY`],
+/// [`NEXT_DELIVERY`]).
 async fn read_back(
     broker: &Broker,
     topic: &str,
@@ -561,13 +573,21 @@ async fn read_back(
     let mut last_seq: HashMap<String, i64> = HashMap::new();
     let mut published = Published::default();
     while (first.len() as u64) < ledger.committed {
-        let delivery = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
+        let wait = if first.is_empty() {
+            FIRST_DELIVERY
+        } else {
+            NEXT_DELIVERY
+        };
+        let delivery = match tokio::time::timeout(wait, reader.next()).await {
             Ok(delivery) => delivery?,
             Err(_) => break,
         };
         let order: Option<OrderPlaced> = delivery.received().payload_json().ok();
         delivery.ack().await?;
-        let Some(order) = order else { continue };
+        let Some(order) = order else {
+            published.unreadable += 1;
+            continue;
+        };
         if !first.insert(order.order_id.clone()) {
             published.duplicates += 1;
             continue;
@@ -647,8 +667,8 @@ fn print(report: &ChaosReport) {
         l.charged_out_of_order
     );
     println!(
-        "  broker: {} orders · {} duplicates · {} missing · {} out of order",
-        p.orders, p.duplicates, p.missing, p.out_of_order
+        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders",
+        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable
     );
     let violations = report.violations();
     if violations.is_empty() {
