@@ -75,14 +75,12 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
     }
 }
 
-#[test]
-fn nats_survives_kills_pauses_cut_connections_and_restarts() {
-    let services = services();
-    let restart_nats = format!("{services} restart nats");
-    let restart_postgres = format!("{services} restart postgres");
-    let report = chaos(&[
+/// A short run on `broker`: 3,000 orders at 300/s, 8 kills, a pause and a cut, plus
+/// `extra` flags.
+fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
         "--broker-url",
-        "nats://127.0.0.1:4222",
+        broker,
         "--orders",
         "3000",
         "--rate",
@@ -93,17 +91,32 @@ fn nats_survives_kills_pauses_cut_connections_and_restarts() {
         "1",
         "--terminations",
         "1",
-        "--restart-broker",
-        &restart_nats,
-        "--broker-restarts",
-        "1",
-        "--restart-postgres",
-        &restart_postgres,
-        "--postgres-restarts",
-        "1",
         "--seed",
+        seed,
+    ];
+    args.extend_from_slice(extra);
+    chaos(&args)
+}
+
+#[test]
+fn nats_survives_kills_pauses_cut_connections_and_restarts() {
+    let services = services();
+    let restart_nats = format!("{services} restart nats");
+    let restart_postgres = format!("{services} restart postgres");
+    let report = short_run(
+        "nats://127.0.0.1:4222",
         "23",
-    ]);
+        &[
+            "--restart-broker",
+            &restart_nats,
+            "--broker-restarts",
+            "1",
+            "--restart-postgres",
+            &restart_postgres,
+            "--postgres-restarts",
+            "1",
+        ],
+    );
     assert_eq!(report["broker"], "nats", "{report}");
     check(
         &report,
@@ -120,22 +133,7 @@ fn nats_survives_kills_pauses_cut_connections_and_restarts() {
 #[test]
 fn redis_streams_survive_kills_pauses_and_cut_connections() {
     // The local Redis keeps its data in memory: no broker restart here.
-    let report = chaos(&[
-        "--broker-url",
-        "redis://127.0.0.1:6379",
-        "--orders",
-        "3000",
-        "--rate",
-        "300",
-        "--kills",
-        "8",
-        "--pauses",
-        "1",
-        "--terminations",
-        "1",
-        "--seed",
-        "24",
-    ]);
+    let report = short_run("redis://127.0.0.1:6379", "24", &[]);
     check(
         &report,
         3000,

@@ -26,8 +26,6 @@ pub(crate) struct PgBench {
     inbox_table: String,
     /// The effect table, qualified.
     effects_table: String,
-    /// Fills the outbox: `$1` count, `$2` keys, `$3` topic, `$4` kind, `$5` payload.
-    fill: String,
     /// Fills the outbox in a range of message numbers: `$1` first, `$2` last, `$3` keys,
     /// `$4` topic, `$5` kind, `$6` payload.
     fill_range: String,
@@ -61,13 +59,6 @@ impl PgBench {
         let quoted = format!("\"{schema}\"");
         let effects_table = format!("{quoted}.bench_effects");
         let bench = Self {
-            fill: format!(
-                "INSERT INTO {outbox_table} (id, topic, key, kind, headers, payload, created_at)
-SELECT gen_random_uuid(), $3, {KEY_SQL},
-       $4, '{{}}'::jsonb, $5, statement_timestamp()
-FROM generate_series(0::bigint, $1::bigint - 1) AS n, LATERAL (SELECT n % $2::bigint AS m) AS k
-ORDER BY n"
-            ),
             fill_range: format!(
                 "INSERT INTO {outbox_table} (id, topic, key, kind, headers, payload, created_at)
 SELECT gen_random_uuid(), $4, {KEY_SQL}, $5, '{{}}'::jsonb, $6, statement_timestamp()
@@ -271,8 +262,10 @@ impl Backend for PgBench {
     }
 
     async fn prefill(&self, topic: &str, messages: u64, keys: u32) -> anyhow::Result<()> {
-        sqlx::query(AssertSqlSafe(self.fill.clone()))
-            .bind(i64::try_from(messages)?)
+        // One statement, one transaction.
+        sqlx::query(AssertSqlSafe(self.fill_range.clone()))
+            .bind(0i64)
+            .bind(i64::try_from(messages)? - 1)
             .bind(i64::from(keys))
             .bind(topic)
             .bind(workload::KIND)
