@@ -245,6 +245,15 @@ pub enum InvalidMessage {
     #[error("the topic is empty")]
     EmptyTopic,
 
+    /// The topic holds a character no store or broker takes in a name.
+    #[error("invalid topic {topic:?}: {reason}")]
+    InvalidTopic {
+        /// The topic, cut to 64 characters (debug-escaped when shown).
+        topic: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// The topic is longer than [`Limits::max_topic_len`](crate::Limits::max_topic_len).
     #[error("the topic is {len} bytes long, over the limit of {limit}")]
     TopicTooLong {

@@ -201,11 +201,17 @@ impl Message {
     ///
     /// # Errors
     ///
-    /// The first rule the message breaks: empty or overlong topic, payload over the limit,
-    /// an invalid header.
+    /// The first rule the message breaks: empty or overlong topic, a control character
+    /// in the topic, payload over the limit, an invalid header.
     pub fn validate(&self, limits: &Limits) -> Result<(), InvalidMessage> {
         if self.topic.is_empty() {
             return Err(InvalidMessage::EmptyTopic);
+        }
+        if self.topic.chars().any(char::is_control) {
+            return Err(InvalidMessage::InvalidTopic {
+                topic: self.topic.chars().take(64).collect(),
+                reason: "it contains a control character",
+            });
         }
         if self.topic.len() > limits.max_topic_len {
             return Err(InvalidMessage::TopicTooLong {
@@ -313,6 +319,28 @@ mod tests {
             Err(InvalidMessage::EmptyTopic)
         ));
         assert!(Message::new("t".repeat(256), "").validate(&limits).is_err());
+        for bad in ["or\0ders", "orders\n", "tab\there", "del\u{7f}", "c1\u{85}"] {
+            assert!(
+                matches!(
+                    Message::new(bad, "").validate(&limits),
+                    Err(InvalidMessage::InvalidTopic { ref topic, .. }) if topic == bad
+                ),
+                "{bad:?} was accepted as a topic"
+            );
+        }
+        let long = format!("\0{}", "x".repeat(500));
+        match Message::new(long, "").validate(&limits) {
+            Err(InvalidMessage::InvalidTopic { topic, .. }) => {
+                assert_eq!(topic.chars().count(), 64)
+            }
+            other => panic!("expected InvalidTopic, got {other:?}"),
+        }
+        // Any other character is a store's or a broker's to judge.
+        assert!(
+            Message::new("shop.orders/v1 ümlaut", "")
+                .validate(&limits)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -442,6 +442,14 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
         Err(Error::InvalidMessage(InvalidMessage::EmptyTopic)) => {}
         other => panic!("enqueue with an empty topic: expected EmptyTopic, got {other:?}"),
     }
+    // A control character (NUL among them, which PostgreSQL's text cannot hold and no
+    // broker takes in a destination name) is refused before the store sees it.
+    let mut nul_topic = message(None, "nul-topic");
+    nul_topic.topic = "or\0ders".to_owned();
+    match harness.enqueue_one(&nul_topic).await {
+        Err(Error::InvalidMessage(InvalidMessage::InvalidTopic { .. })) => {}
+        other => panic!("enqueue with a NUL in the topic: expected InvalidTopic, got {other:?}"),
+    }
     // A refused message in a batch rolls the whole transaction back.
     let (fine, bad) = (
         message(None, "fine"),
@@ -458,7 +466,7 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
         None,
         "a batch with a refused message must be rolled back entirely"
     );
-    for refused in [&big, &no_topic] {
+    for refused in [&big, &no_topic, &nul_topic] {
         assert_eq!(
             ok("row_state", harness.row_state(refused.id).await),
             None,
