@@ -150,7 +150,7 @@ impl Fleet {
     }
 
     /// Stops every process: SIGCONT where paused, SIGTERM, and SIGKILL after `grace`.
-    pub(crate) fn stop(mut self, grace: Duration) {
+    pub(crate) fn stop(&mut self, grace: Duration) {
         for member in &mut self.members {
             if member.paused_until.take().is_some() {
                 let _ = signal(&member.child, "CONT");
@@ -170,6 +170,18 @@ impl Fleet {
     /// The directory of the logs.
     pub(crate) fn logs(&self) -> &Path {
         &self.logs
+    }
+}
+
+/// A run that fails half-way (a process that cannot start, a panic) leaves no process
+/// behind: what [`Fleet::stop`] did not stop is killed here.
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            // Killing a process already reaped does nothing.
+            let _ = member.child.kill();
+            let _ = member.child.wait();
+        }
     }
 }
 
