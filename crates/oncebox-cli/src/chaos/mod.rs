@@ -617,10 +617,20 @@ async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes what the run made on the broker, where the broker has a call for it.
+/// Removes what the run made on the broker: the NATS stream, the Kafka topic, the
+/// Redis streams (RabbitMQ's queues stay: their names carry the run's schema).
 async fn remove_topic(broker: &Broker, schema: &str, topic: &str) -> anyhow::Result<()> {
     let _ = (schema, topic);
     match broker {
+        Broker::RedisStreams(streams) => {
+            let keys = [streams.stream_key(topic), streams.dead_letter_key(topic)];
+            let mut connection = streams.connection().clone();
+            oncebox::redis::redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut connection)
+                .await
+                .with_context(|| format!("deleting stream {}", keys[0]))?;
+        }
         #[cfg(feature = "kafka")]
         Broker::Kafka(options) => {
             oncebox::kafka::KafkaAdmin::new(options.clone())?
@@ -635,6 +645,8 @@ async fn remove_topic(broker: &Broker, schema: &str, topic: &str) -> anyhow::Res
                 .await
                 .with_context(|| format!("deleting stream {schema}"))?;
         }
+        // RabbitMQ, in builds that have it.
+        #[allow(unreachable_patterns)]
         _ => {}
     }
     Ok(())
