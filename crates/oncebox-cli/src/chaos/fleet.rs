@@ -193,15 +193,15 @@ pub(crate) fn name(role: Role) -> &'static str {
     }
 }
 
-/// Sends `SIG<signal>` to `child` with kill(1), which needs no unsafe code here.
+/// Sends `SIG<signal>` to `child` with kill(1), which needs no unsafe code here. A
+/// process that exited meanwhile makes kill(1) fail: not an error, [`Fleet::tick`]
+/// starts it again.
 fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
-    let status = Command::new("kill")
+    Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(child.id().to_string())
         .stderr(Stdio::null())
         .status()
         .context("running kill")?;
-    // A process that exited in the meantime is not an error: tick() starts it again.
-    let _ = status;
     Ok(())
 }

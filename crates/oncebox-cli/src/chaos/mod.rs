@@ -297,17 +297,22 @@ fn named_store_url(url: &str, name: &str) -> String {
     format!("{url}{separator}application_name={name}")
 }
 
-/// `url` without its password, and the password: the services take it as a setting of
-/// its own, never in a URL.
-fn split_password(url: &str) -> (String, Option<String>) {
-    if let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@')) {
-        let credentials = &url[scheme + 3..at];
-        if let Some((user, password)) = credentials.split_once(':') {
-            let bare = format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..]);
-            return (bare, Some(password.to_owned()));
+/// `text` without its password, and the password (decoded): the services take it as a
+/// setting of their own, never in a URL. The inverse of `config::url::with_password`.
+fn split_password(text: &str) -> (String, Option<String>) {
+    match ::url::Url::parse(text) {
+        Ok(mut url) if url.password().is_some() => {
+            let password = url.password().map(|p| {
+                percent_encoding::percent_decode_str(p)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            });
+            // A URL with a password has an authority, so removing it cannot fail.
+            let _ = url.set_password(None);
+            (url.to_string(), password)
         }
+        _ => (text.to_owned(), None),
     }
-    (url.to_owned(), None)
 }
 
 async fn run_in(
@@ -693,5 +698,28 @@ fn print(report: &ChaosReport) {
     }
     if let Some(schema) = &report.schema {
         println!("  tables: schema {schema}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_password;
+
+    #[test]
+    fn a_password_leaves_the_url_decoded() {
+        assert_eq!(
+            split_password("amqp://guest:p%40ss@127.0.0.1:5672/%2f"),
+            (
+                "amqp://guest@127.0.0.1:5672/%2f".to_owned(),
+                Some("p@ss".to_owned())
+            )
+        );
+        for bare in [
+            "nats://127.0.0.1:4222",
+            "kafka://127.0.0.1:9092",
+            "redis://u@h:1",
+        ] {
+            assert_eq!(split_password(bare), (bare.to_owned(), None));
+        }
     }
 }

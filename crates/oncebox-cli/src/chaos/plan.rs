@@ -116,14 +116,13 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
     for _ in 0..spec.terminations {
         faults.push((anywhere(&mut rng), Fault::TerminateRelayConnections));
     }
-    let restarts: Vec<Fault> =
+    let mut restarts: Vec<Fault> =
         std::iter::repeat_n(Fault::RestartBroker, spec.broker_restarts as usize)
             .chain(std::iter::repeat_n(
                 Fault::RestartPostgres,
                 spec.postgres_restarts as usize,
             ))
             .collect();
-    let mut restarts = restarts;
     rng.shuffle(&mut restarts);
     // Restarts fall in the middle 80 % of the window, one per slice.
     let slices = restarts.len() as u64;

@@ -193,22 +193,40 @@ RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS head
         let mut first = 0;
         while first < messages {
             let last = (first + CDC_FILL_CHUNK).min(messages) - 1;
-            sqlx::query(AssertSqlSafe(statement.clone()))
-                .bind(i64::try_from(first)?)
-                .bind(i64::try_from(last)?)
-                .bind(i64::from(keys))
-                .bind(topic)
-                .bind(workload::KIND)
-                .bind(workload::payload())
-                .execute(self.store.pool())
+            self.fill(statement, first..=last, keys, topic)
                 .await
                 .context("filling the log-tailing relay's backlog")?;
             first = last + 1;
         }
+        self.checkpoint().await;
+        Ok(())
+    }
+
+    /// Runs `statement` (`fill_range` or `emit_range`) for the message numbers `range`.
+    async fn fill(
+        &self,
+        statement: &str,
+        range: std::ops::RangeInclusive<u64>,
+        keys: u32,
+        topic: &str,
+    ) -> anyhow::Result<()> {
+        sqlx::query(AssertSqlSafe(statement.to_owned()))
+            .bind(i64::try_from(*range.start())?)
+            .bind(i64::try_from(*range.end())?)
+            .bind(i64::from(keys))
+            .bind(topic)
+            .bind(workload::KIND)
+            .bind(workload::payload())
+            .execute(self.store.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Leaves no checkpoint debt to the timed part, where the server allows it.
+    async fn checkpoint(&self) {
         if let Err(error) = self.execute("CHECKPOINT").await {
             tracing::debug!(%error, "CHECKPOINT refused; runs may differ a little more");
         }
-        Ok(())
     }
 
     /// A producer's transaction in the message mode: emits `message` as a logical message
@@ -263,14 +281,7 @@ impl Backend for PgBench {
 
     async fn prefill(&self, topic: &str, messages: u64, keys: u32) -> anyhow::Result<()> {
         // One statement, one transaction.
-        sqlx::query(AssertSqlSafe(self.fill_range.clone()))
-            .bind(0i64)
-            .bind(i64::try_from(messages)? - 1)
-            .bind(i64::from(keys))
-            .bind(topic)
-            .bind(workload::KIND)
-            .bind(workload::payload())
-            .execute(self.store.pool())
+        self.fill(&self.fill_range, 0..=messages - 1, keys, topic)
             .await
             .context("filling the outbox")?;
         // Every run starts from the same state: statistics and visibility map fresh, and
@@ -278,9 +289,7 @@ impl Backend for PgBench {
         self.execute(&format!("VACUUM (ANALYZE) {}", self.outbox_table))
             .await
             .context("vacuuming the outbox")?;
-        if let Err(error) = self.execute("CHECKPOINT").await {
-            tracing::debug!(%error, "CHECKPOINT refused; runs may differ a little more");
-        }
+        self.checkpoint().await;
         Ok(())
     }
 
