@@ -272,6 +272,16 @@ pub enum InvalidMessage {
         limit: usize,
     },
 
+    /// The headers' names and values add up to more than
+    /// [`Limits::max_header_bytes`](crate::Limits::max_header_bytes).
+    #[error("the headers are {size} bytes, over the limit of {limit}")]
+    HeadersTooLarge {
+        /// The sum of the headers' names and values, in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
     /// A message id that is not a UUID.
     #[error("{input:?} is not a valid message id (expected a UUID)")]
     InvalidId {

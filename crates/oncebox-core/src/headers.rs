@@ -13,7 +13,8 @@ pub const TRACEPARENT: &str = "traceparent";
 ///
 /// Names are non-empty, at most 255 bytes of visible ASCII without `:`; values are text
 /// without control characters (tab allowed), at most 8 KiB. These rules are what every
-/// broker's header model can carry. `Debug` prints the names only, since values may hold
+/// broker's header model can carry; the sum of all names and values is bounded by
+/// [`Limits::max_header_bytes`](crate::Limits::max_header_bytes) at enqueue and publish. `Debug` prints the names only, since values may hold
 /// credentials.
 #[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
@@ -78,6 +79,15 @@ impl Headers {
     /// Number of headers.
     pub fn len(&self) -> usize {
         self.0.len()
+    }
+
+    /// The sum of the names' and values' lengths in bytes, what
+    /// [`Limits::max_header_bytes`](crate::Limits::max_header_bytes) bounds.
+    pub fn size(&self) -> usize {
+        self.0
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum()
     }
 
     /// Whether there are no headers.

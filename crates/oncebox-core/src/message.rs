@@ -202,7 +202,7 @@ impl Message {
     /// # Errors
     ///
     /// The first rule the message breaks: empty or overlong topic, a control character
-    /// in the topic, payload over the limit, an invalid header.
+    /// in the topic, payload over the limit, headers over their limit, an invalid header.
     pub fn validate(&self, limits: &Limits) -> Result<(), InvalidMessage> {
         if self.topic.is_empty() {
             return Err(InvalidMessage::EmptyTopic);
@@ -223,6 +223,13 @@ impl Message {
             return Err(InvalidMessage::PayloadTooLarge {
                 size: self.payload.len(),
                 limit: limits.max_payload_bytes,
+            });
+        }
+        let size = self.headers.size();
+        if size > limits.max_header_bytes {
+            return Err(InvalidMessage::HeadersTooLarge {
+                size,
+                limit: limits.max_header_bytes,
             });
         }
         self.headers.validate()
@@ -251,6 +258,11 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     /// Longest topic accepted, in bytes. Default: 255.
     pub max_topic_len: usize,
+    /// Largest sum of the headers' names and values accepted, in bytes. Default: 64 KiB,
+    /// which leaves room for the CloudEvents attributes in every broker's header block
+    /// (RabbitMQ's smallest frame is 128 KiB; NATS and Kafka count headers toward their
+    /// 1 MiB message limit).
+    pub max_header_bytes: usize,
 }
 
 impl Limits {
@@ -259,6 +271,7 @@ impl Limits {
         Self {
             max_payload_bytes: 1024 * 1024,
             max_topic_len: 255,
+            max_header_bytes: 64 * 1024,
         }
     }
 
@@ -273,6 +286,13 @@ impl Limits {
     #[must_use]
     pub const fn max_topic_len(mut self, len: usize) -> Self {
         self.max_topic_len = len;
+        self
+    }
+
+    /// Sets the largest sum of header names and values accepted.
+    #[must_use]
+    pub const fn max_header_bytes(mut self, bytes: usize) -> Self {
+        self.max_header_bytes = bytes;
         self
     }
 }

@@ -24,9 +24,10 @@
 //!
 //! Reading is lenient, so that messages of producers that do not use oncebox still
 //! arrive: an attribute that is missing leaves its field empty, and one that does not
-//! parse (an `id` that is not a UUID, a `time` that is not RFC 3339) stays in the
-//! headers under the name `ce_<attribute>`. An `id` kept so is still the message's id:
-//! every non-empty string is a valid CloudEvents id, and the default
+//! parse (an `id` that is not a UUID, a `time` that is not RFC 3339, a `specversion`
+//! other than `1.0`) stays in the headers under the name `ce_<attribute>`. An `id` kept
+//! so is still the message's id: every non-empty string is a valid CloudEvents id, and
+//! the default
 //! [`IdStrategy::MessageId`](crate::consumer::IdStrategy::MessageId) deduplicates on it.
 //! Extension attributes are kept the same way (`ce_partitionkey`, say). Only what no
 //! [`Headers`] value may hold (bytes that are not UTF-8, control characters) is refused,
@@ -181,7 +182,9 @@ impl WireFormat {
                 reason: "value is not UTF-8",
             })?;
             let kept = match attribute {
-                "specversion" | "source" => None,
+                "source" => None,
+                // Another version (or garbage) is kept for the handler to judge.
+                "specversion" => (value != SPEC_VERSION).then_some(value),
                 "id" => match MessageId::parse(value) {
                     Ok(id) => {
                         received.id = Some(id);
