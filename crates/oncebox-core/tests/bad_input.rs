@@ -10,8 +10,8 @@ use oncebox_core::consumer::{
 use oncebox_core::memory::{MemoryBroker, MemoryDedupStore};
 use oncebox_core::wire::WireFormat;
 use oncebox_core::{
-    Bytes, Coordinates, Error, Headers, InvalidMessage, Limits, Message, MessageId, Publisher,
-    Received, Result, Subscriber,
+    Bytes, Coordinates, Delivery, Error, Headers, InvalidMessage, Limits, Message, MessageId,
+    Publisher, Received, Result, Subscriber,
 };
 
 #[test]
@@ -299,4 +299,62 @@ async fn headers_over_the_limit_fail_publish_permanently() {
         ),
         "{error}"
     );
+}
+
+/// An empty payload is a message like any other; a topic over the limit is
+/// [`InvalidMessage::TopicTooLong`] with its length and the limit.
+#[tokio::test]
+async fn an_empty_payload_passes_an_overlong_topic_does_not() {
+    let limits = Limits::new();
+    let empty = Message::new("orders", Bytes::new());
+    assert!(empty.validate(&limits).is_ok());
+    let broker = MemoryBroker::new();
+    let mut subscriber = broker.subscribe("orders", "c");
+    broker.publisher().publish(&empty).await.expect("published");
+    let delivery = subscriber.next().await.expect("delivered");
+    assert!(delivery.received().payload.is_empty());
+
+    assert!(matches!(
+        Message::new("t".repeat(256), "x").validate(&limits),
+        Err(InvalidMessage::TopicTooLong {
+            len: 256,
+            limit: 255
+        })
+    ));
+}
+
+/// Time in the process is tokio's monotonic clock, which wall-clock jumps (NTP steps, a
+/// VM resumed) do not move; a jump of the clock the engines read is modelled by
+/// advancing tokio's paused clock by an hour. A lease it outran is over: the id is
+/// free with a larger token and the old holder is fenced; a result it outran (past its
+/// TTL) is forgotten and the id is new again. Nothing panics, nothing is held forever.
+#[tokio::test(start_paused = true)]
+async fn a_clock_that_jumps_ends_leases_and_ttls_without_confusion() {
+    use oncebox_core::store::{Begin, DedupStore};
+    use std::time::Duration;
+    let store = MemoryDedupStore::default();
+    let lease = Duration::from_secs(30);
+    let Ok(Begin::Started(old)) = store.begin("held", lease).await else {
+        panic!("a fresh id starts")
+    };
+    let Ok(Begin::Started(done)) = store.begin("done", lease).await else {
+        panic!("a fresh id starts")
+    };
+    store
+        .complete("done", done, b"result", Duration::from_secs(600))
+        .await
+        .expect("completed");
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let Ok(Begin::Started(new)) = store.begin("held", lease).await else {
+        panic!("the lease the clock jumped past is over")
+    };
+    assert!(new > old, "a larger token after the jump");
+    assert!(matches!(
+        store.complete("held", old, b"late", lease).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.begin("done", lease).await,
+        Ok(Begin::Started(_))
+    ));
 }
