@@ -254,6 +254,26 @@ pub enum InvalidMessage {
         reason: &'static str,
     },
 
+    /// The key holds a character no store or broker header takes (a control character,
+    /// NUL among them).
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key, cut to 64 characters (debug-escaped when shown).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The kind holds a character no store or broker header takes (a control character,
+    /// NUL among them).
+    #[error("invalid kind {kind:?}: {reason}")]
+    InvalidKind {
+        /// The kind, cut to 64 characters (debug-escaped when shown).
+        kind: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// The topic is longer than [`Limits::max_topic_len`](crate::Limits::max_topic_len).
     #[error("the topic is {len} bytes long, over the limit of {limit}")]
     TopicTooLong {

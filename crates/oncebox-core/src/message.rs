@@ -202,7 +202,8 @@ impl Message {
     /// # Errors
     ///
     /// The first rule the message breaks: empty or overlong topic, a control character
-    /// in the topic, payload over the limit, headers over their limit, an invalid header.
+    /// in the topic, key or kind, payload over the limit, headers over their limit, an
+    /// invalid header.
     pub fn validate(&self, limits: &Limits) -> Result<(), InvalidMessage> {
         if self.topic.is_empty() {
             return Err(InvalidMessage::EmptyTopic);
@@ -210,6 +211,22 @@ impl Message {
         if self.topic.chars().any(char::is_control) {
             return Err(InvalidMessage::InvalidTopic {
                 topic: self.topic.chars().take(64).collect(),
+                reason: "it contains a control character",
+            });
+        }
+        // PostgreSQL's text cannot hold a NUL, and NATS headers (where the key and the
+        // kind travel) no line break.
+        if let Some(key) = &self.key
+            && key.chars().any(char::is_control)
+        {
+            return Err(InvalidMessage::InvalidKey {
+                key: key.chars().take(64).collect(),
+                reason: "it contains a control character",
+            });
+        }
+        if self.kind.chars().any(char::is_control) {
+            return Err(InvalidMessage::InvalidKind {
+                kind: self.kind.chars().take(64).collect(),
                 reason: "it contains a control character",
             });
         }

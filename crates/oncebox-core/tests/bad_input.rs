@@ -358,3 +358,40 @@ async fn a_clock_that_jumps_ends_leases_and_ttls_without_confusion() {
         Ok(Begin::Started(_))
     ));
 }
+
+/// A control character in the key or the kind (a NUL, which PostgreSQL's text cannot
+/// hold; a line break, which a NATS header cannot carry) is refused like one in the
+/// topic: [`InvalidMessage::InvalidKey`] and [`InvalidMessage::InvalidKind`], at
+/// enqueue on every store and at publish.
+#[tokio::test]
+async fn a_control_character_in_the_key_or_kind_is_refused() {
+    let limits = Limits::new();
+    for bad in ["k\0ey", "line\nbreak", "tab\there", "del\u{7f}"] {
+        let keyed = Message::new("orders", "x").with_key(bad);
+        assert!(
+            matches!(
+                keyed.validate(&limits),
+                Err(InvalidMessage::InvalidKey { ref key, .. }) if key == bad
+            ),
+            "{bad:?} was accepted as a key"
+        );
+        let kinded = Message::new("orders", "x").with_kind(bad);
+        assert!(
+            matches!(
+                kinded.validate(&limits),
+                Err(InvalidMessage::InvalidKind { ref kind, .. }) if kind == bad
+            ),
+            "{bad:?} was accepted as a kind"
+        );
+        let error = MemoryBroker::new()
+            .publisher()
+            .publish(&keyed)
+            .await
+            .expect_err("refused at publish");
+        assert!(!error.is_transient(), "{error}");
+    }
+    let fine = Message::new("orders", "x")
+        .with_key("order 42/ümlaut")
+        .with_kind("order.placed v2");
+    assert!(fine.validate(&limits).is_ok());
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use oncebox_core::memory::MemoryBroker;
 use oncebox_core::spool::{Relay, Settle, Settlement, SpoolOptions, SpoolStore};
-use oncebox_core::{Error, Fault, Limits, Message};
+use oncebox_core::{Error, InvalidMessage, Limits, Message};
 use oncebox_postgres::{PgStore, RowStatus};
 use sqlx::postgres::PgPoolOptions;
 
@@ -240,10 +240,7 @@ async fn duplicates_and_bad_input_keep_the_transaction_usable() {
     assert!(
         matches!(
             err,
-            Error::Store {
-                fault: Fault::Permanent,
-                ..
-            }
+            Error::InvalidMessage(InvalidMessage::InvalidKey { .. })
         ),
         "{err}"
     );
@@ -415,4 +412,94 @@ async fn settle_and_claim_sees_its_settlements() {
         assert_eq!(stats.pending, 2, "delete_done {delete_done}");
         drop(db);
     }
+}
+
+/// Rows written by hand with explicit NULLs: a NULL where the table wants a value (id,
+/// topic, kind, headers, payload, created_at) is refused by the database at the
+/// producer's INSERT (`not_null_violation`), so no such row exists to stall a relay; NULL
+/// in the optional columns (key, lease, error) is an unordered row published as usual;
+/// JSON `null` as headers is a row the relay marks dead, naming the column.
+#[tokio::test(flavor = "multi_thread")]
+async fn hand_written_rows_with_explicit_nulls() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let columns = ["id", "topic", "kind", "headers", "payload", "created_at"];
+    for column in columns {
+        let values = columns.map(|c| match c {
+            _ if c == column => "NULL",
+            "id" => "gen_random_uuid()",
+            "topic" => "'orders'",
+            "kind" => "''",
+            "headers" => "'{}'",
+            "payload" => "'\\x00'",
+            _ => "now()",
+        });
+        let sql = format!(
+            "INSERT INTO outbox ({}) VALUES ({})",
+            columns.join(", "),
+            values.join(", ")
+        );
+        let error = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(db.store.pool())
+            .await
+            .expect_err("NULL in a NOT NULL column");
+        let code = error
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("23502"), "{column}: {error}");
+    }
+    db.exec(
+        "INSERT INTO outbox (id, topic, key, kind, headers, payload, lease_token, lease_until, last_error)
+         VALUES ('0190a3f4-0000-7000-8000-000000000001', 'orders', NULL, 'Nulls', '{}', 'nulls', NULL, NULL, NULL),
+                ('0190a3f4-0000-7000-8000-000000000002', 'orders', 'k', 'JsonNull', 'null', 'json null', NULL, NULL, NULL)",
+    )
+    .await;
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(
+        labels(&rows),
+        ["nulls"],
+        "the row with JSON null headers is not handed out"
+    );
+    assert_eq!(rows[0].item.key, None);
+    outbox.settle(token, &done(&rows)).await.expect("settle");
+    let id =
+        oncebox_core::MessageId::parse("0190a3f4-0000-7000-8000-000000000002").expect("a UUID");
+    let state = outbox.status(id).await.expect("status").expect("the row");
+    assert_eq!(state.status, RowStatus::Dead);
+    let reason = state.last_error.expect("a reason");
+    assert!(reason.contains("headers"), "{reason}");
+}
+
+/// Producers whose clocks are far off (a day ahead, thirty years behind, before 1970):
+/// rows go out in commit order whatever their creation times say. The oldest pending
+/// age is the first pending row's (in commit order) by its producer's clock: zero for a
+/// row created "in the future", not an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn creation_times_from_clocks_far_off_keep_commit_order() {
+    let db = TestDb::new().await;
+    let outbox = db.store.outbox();
+    let day = Duration::from_secs(24 * 3600);
+    let mut ahead = msg(Some("k"), "a day ahead");
+    ahead.created_at = SystemTime::now() + day;
+    let mut behind = msg(Some("k"), "thirty years behind");
+    behind.created_at = SystemTime::now() - day * 365 * 30;
+    let mut before_1970 = msg(Some("k"), "before 1970");
+    before_1970.created_at = SystemTime::UNIX_EPOCH - day;
+    enqueue(&outbox, &db.store, &[ahead, behind, before_1970.clone()]).await;
+    let stats = outbox.stats().await.expect("stats");
+    assert_eq!(stats.oldest_pending_age, Some(Duration::ZERO));
+    let (token, rows) = claim(&outbox, 10, LONG).await;
+    assert_eq!(
+        labels(&rows),
+        ["a day ahead", "thirty years behind", "before 1970"],
+        "commit order, not creation time"
+    );
+    assert_eq!(rows[2].item.created_at, before_1970.created_at);
+    outbox
+        .settle(token, &done(&rows[..1]))
+        .await
+        .expect("settle the first");
+    let stats = outbox.stats().await.expect("stats");
+    assert!(stats.oldest_pending_age.expect("an age") > day * 365 * 29);
 }

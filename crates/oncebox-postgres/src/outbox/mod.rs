@@ -183,14 +183,13 @@ impl PgOutbox {
     ///
     /// # Errors
     ///
-    /// - [`Error::InvalidMessage`] if the message breaks the [limits](Self::with_limits)
-    ///   (or, for a Debezium-style table with a JSON payload column, the payload is not
-    ///   JSON); nothing is written.
+    /// - [`Error::InvalidMessage`] if the message fails [`Message::validate`] with the
+    ///   [limits](Self::with_limits) (a NUL in the topic, key or kind among the rest) or,
+    ///   for a Debezium-style table with a JSON payload column, the payload is not JSON;
+    ///   nothing is written.
     /// - [`Error::Duplicate`] if a message with the same id is in the outbox (pending,
     ///   done within retention, or dead). The statement does nothing then, so the
     ///   transaction stays usable.
-    /// - A permanent store error, before any statement runs, for text PostgreSQL cannot
-    ///   store (a NUL character in the topic, key or kind).
     /// - A store error otherwise; the transaction is then aborted: roll it back.
     ///
     /// # Cancel safety
@@ -200,18 +199,6 @@ impl PgOutbox {
     pub async fn enqueue(&self, conn: &mut PgConnection, message: &Message) -> Result<()> {
         message.validate(&self.limits)?;
         let topic = self.topic_column(&message.topic)?;
-        for (what, text) in [
-            ("topic", Some(message.topic.as_str())),
-            ("key", message.key.as_deref()),
-            ("kind", Some(message.kind.as_str())),
-        ] {
-            if text.is_some_and(|t| t.contains('\0')) {
-                return Err(Error::store_permanent(format!(
-                    "message {}: the {what} contains a NUL character, which PostgreSQL text cannot hold",
-                    message.id
-                )));
-            }
-        }
         if self.sql.json_payload {
             serde_json::from_slice::<serde::de::IgnoredAny>(&message.payload)
                 .map_err(InvalidMessage::Json)?;

@@ -395,8 +395,12 @@ pub async fn rolled_back_enqueue_is_never_claimed<H: OutboxHarness>(harness: &H)
 
 /// Bad input is a typed error at enqueue and stores nothing: a second message with an
 /// id already in the table is [`Error::Duplicate`] naming the id; a payload over the
-/// limit is [`InvalidMessage::PayloadTooLarge`] (a payload exactly at the limit is
-/// accepted); an empty topic is [`InvalidMessage::EmptyTopic`].
+/// limit is [`InvalidMessage::PayloadTooLarge`] (a payload exactly at the limit, and an
+/// empty one, are accepted); an empty topic is [`InvalidMessage::EmptyTopic`]; a NUL in
+/// the topic is [`InvalidMessage::InvalidTopic`], in the key
+/// [`InvalidMessage::InvalidKey`], a line break in the kind
+/// [`InvalidMessage::InvalidKind`]; headers over their limit together are
+/// [`InvalidMessage::HeadersTooLarge`].
 pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
     let store = harness.store();
     let first = message(Some("k"), "first");
@@ -435,6 +439,12 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
         "enqueue a payload exactly at the limit",
         harness.enqueue_one(&at_limit).await,
     );
+    let mut empty = message(None, "empty");
+    empty.payload = Bytes::new();
+    ok(
+        "enqueue an empty payload",
+        harness.enqueue_one(&empty).await,
+    );
 
     let mut no_topic = message(None, "no-topic");
     no_topic.topic.clear();
@@ -449,6 +459,39 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
     match harness.enqueue_one(&nul_topic).await {
         Err(Error::InvalidMessage(InvalidMessage::InvalidTopic { .. })) => {}
         other => panic!("enqueue with a NUL in the topic: expected InvalidTopic, got {other:?}"),
+    }
+    let nul_key = message(Some("k\0ey"), "nul-key");
+    match harness.enqueue_one(&nul_key).await {
+        Err(Error::InvalidMessage(InvalidMessage::InvalidKey { .. })) => {}
+        other => panic!("enqueue with a NUL in the key: expected InvalidKey, got {other:?}"),
+    }
+    let line_kind = message(None, "line-kind").with_kind("Order\nPlaced");
+    match harness.enqueue_one(&line_kind).await {
+        Err(Error::InvalidMessage(InvalidMessage::InvalidKind { .. })) => {}
+        other => {
+            panic!("enqueue with a line break in the kind: expected InvalidKind, got {other:?}")
+        }
+    }
+    // Headers each within their own limit, over the limit together.
+    let header_limit = harness.limits().max_header_bytes;
+    let mut big_headers = message(None, "big-headers");
+    for i in 0..=header_limit / (8 * 1024) {
+        let header = big_headers
+            .headers
+            .insert(format!("x-h{i}"), "v".repeat(8 * 1024));
+        ok("a header of 8 KiB", header);
+    }
+    match harness.enqueue_one(&big_headers).await {
+        Err(Error::InvalidMessage(InvalidMessage::HeadersTooLarge { size, limit })) => {
+            assert_eq!(
+                (size, limit),
+                (big_headers.headers.size(), header_limit),
+                "HeadersTooLarge must report the size and the limit"
+            );
+        }
+        other => {
+            panic!("enqueue with headers over the limit: expected HeadersTooLarge, got {other:?}")
+        }
     }
     // A refused message in a batch rolls the whole transaction back.
     let (fine, bad) = (
@@ -466,7 +509,14 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
         None,
         "a batch with a refused message must be rolled back entirely"
     );
-    for refused in [&big, &no_topic, &nul_topic] {
+    for refused in [
+        &big,
+        &no_topic,
+        &nul_topic,
+        &nul_key,
+        &line_kind,
+        &big_headers,
+    ] {
         assert_eq!(
             ok("row_state", harness.row_state(refused.id).await),
             None,
@@ -479,8 +529,8 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
     let got: Vec<MessageId> = rows.iter().map(|r| r.item.id).collect();
     assert_eq!(
         got,
-        [first.id, at_limit.id],
-        "only the valid messages (first, at-limit) are stored; claimed {:?}",
+        [first.id, at_limit.id, empty.id],
+        "only the valid messages (first, at-limit, empty) are stored; claimed {:?}",
         labels(&rows)
     );
     let stored = &rows[0].item;
@@ -493,5 +543,9 @@ pub async fn bad_input_is_a_typed_error<H: OutboxHarness>(harness: &H) {
         rows[1].item.payload.len(),
         limit,
         "a payload at the limit is stored whole"
+    );
+    assert!(
+        rows[2].item.payload.is_empty(),
+        "an empty payload is stored empty"
     );
 }
