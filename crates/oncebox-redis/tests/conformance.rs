@@ -151,3 +151,92 @@ async fn scripts_are_reloaded_after_a_flush() {
     ));
     clean(&store, &prefix).await;
 }
+
+/// Records damaged by something other than the store (another program writing under
+/// the prefix, a hand edit): a key of another type, or a token counter that is not a
+/// number, is a permanent store error, never a panic, and is left as it is; a hash in
+/// an unknown state, or in progress without an expiry (a lease that would never end),
+/// is taken over with a new token like an expired record; a completed record without a
+/// result answers with an empty result.
+#[tokio::test]
+async fn damaged_records_are_errors_or_taken_over() {
+    use oncebox_core::store::{Begin, DedupStore};
+    use std::time::Duration;
+    let (store, prefix) = fresh().await;
+    let lease = Duration::from_secs(30);
+    let mut connection = store.connection().clone();
+    let record = |id: &str| format!("{prefix}dedup:id:{id}");
+
+    let _: () = client::cmd("SET")
+        .arg(record("string"))
+        .arg("garbage")
+        .query_async(&mut connection)
+        .await
+        .expect("SET");
+    let error = store
+        .begin("string", lease)
+        .await
+        .expect_err("a key of another type");
+    assert!(!error.is_transient(), "{error:?}");
+    let kept: String = client::cmd("GET")
+        .arg(record("string"))
+        .query_async(&mut connection)
+        .await
+        .expect("GET");
+    assert_eq!(kept, "garbage", "the foreign key is left alone");
+
+    let _: () = client::cmd("HSET")
+        .arg(record("unknown"))
+        .arg("s")
+        .arg("zz")
+        .query_async(&mut connection)
+        .await
+        .expect("HSET");
+    assert!(matches!(
+        store.begin("unknown", lease).await,
+        Ok(Begin::Started(_))
+    ));
+
+    let _: () = client::cmd("HSET")
+        .arg(record("forever"))
+        .arg("s")
+        .arg("p")
+        .arg("t")
+        .arg(1)
+        .query_async(&mut connection)
+        .await
+        .expect("HSET");
+    let taken = store.begin("forever", lease).await;
+    assert!(matches!(taken, Ok(Begin::Started(_))), "{taken:?}");
+    let ttl: i64 = client::cmd("PTTL")
+        .arg(record("forever"))
+        .query_async(&mut connection)
+        .await
+        .expect("PTTL");
+    assert!(ttl > 0, "the new holder's lease has an end: {ttl}");
+
+    let _: () = client::cmd("HSET")
+        .arg(record("no-result"))
+        .arg("s")
+        .arg("c")
+        .query_async(&mut connection)
+        .await
+        .expect("HSET");
+    assert!(matches!(
+        store.begin("no-result", lease).await,
+        Ok(Begin::Completed(result)) if result.is_empty()
+    ));
+
+    let _: () = client::cmd("SET")
+        .arg(format!("{prefix}dedup:token"))
+        .arg("x")
+        .query_async(&mut connection)
+        .await
+        .expect("SET");
+    let error = store
+        .begin("fresh", lease)
+        .await
+        .expect_err("a token counter that is not a number");
+    assert!(!error.is_transient(), "{error:?}");
+    clean(&store, &prefix).await;
+}
