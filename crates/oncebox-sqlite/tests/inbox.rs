@@ -333,3 +333,39 @@ async fn durable_processor_runs_each_effect_once() {
         );
     }
 }
+
+async fn record_payload(message: &Received, tx: &mut Transaction<'static, Sqlite>) -> Result<()> {
+    sqlx::query("INSERT INTO effects (id) VALUES (?1)")
+        .bind(String::from_utf8_lossy(&message.payload).into_owned())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The id is the message's identity: a second message with the same id and another
+/// payload is a duplicate, its handler never runs, the first effect stands.
+#[tokio::test]
+async fn the_same_id_with_another_payload_is_a_duplicate_of_the_first() {
+    use oncebox_core::consumer::{Outcome, Process, TransactionalInbox, handler_fn};
+    let db = db().await;
+    effects_table(&db.store).await;
+    let inbox = TransactionalInbox::new(
+        db.store.inbox(),
+        handler_fn(record_payload),
+        ConsumerOptions::new("billing"),
+    )
+    .expect("options");
+    let first = Message::new("payments", "first");
+    let second = Message::new("payments", "second").with_id(first.id);
+    let mut outcomes = Vec::new();
+    for message in [&first, &second] {
+        let received = Received::from_message(message, Coordinates::default(), 1);
+        outcomes.push(inbox.process(&received).await.expect("processed"));
+    }
+    assert!(
+        matches!(outcomes[..], [Outcome::Handled, Outcome::Duplicate]),
+        "{outcomes:?}"
+    );
+    assert_eq!(count_effects(&db.store, "first").await, 1);
+    assert_eq!(count_effects(&db.store, "second").await, 0);
+}
