@@ -114,8 +114,10 @@ async fn receive_readiness_follows_rabbitmq() {
     let name = support::unique("svc_ready");
     let url = std::env::var("ONCEBOX_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let proxy = support::Proxy::start(support::address(&url, 5672)).await;
-    let mut parsed = url::Url::parse(&support::through(&url, proxy.port)).expect("a URL");
+    let proxy = oncebox_testkit::proxy::Proxy::start(support::address(&url, 5672))
+        .await
+        .expect("the proxy listens");
+    let mut parsed = url::Url::parse(&support::through(&url, proxy.port())).expect("a URL");
     let password = parsed.password().unwrap_or_default().to_owned();
     parsed.set_password(None).expect("no password");
     let db = dir.path().join("inbox.db");

@@ -1,6 +1,7 @@
 //! `oncebox chaos`, the short run: real relay and payment processes on the local
 //! PostgreSQL and a real broker, under SIGKILLs, a pause past the relays' lease, cut
-//! database connections and (NATS) a broker and a PostgreSQL restart; the audit must
+//! database connections, one process's link to PostgreSQL or the broker cut, stalled
+//! or slowed, and (NATS) a broker and a PostgreSQL restart; the audit must
 //! find every order charged exactly once and published in order.
 //!
 //! The restarts go through `scripts/services.sh restart`, and stop the shared services
@@ -66,16 +67,19 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
     assert_eq!(count(report, "published", "out_of_order"), 0, "{report}");
     let fault = |kind: &str| report["faults"][kind].as_u64().unwrap_or(0);
     for (kind, n) in faults {
-        let injected = if *kind == "kill" {
-            fault("kill_relay") + fault("kill_consumer")
-        } else {
-            fault(kind)
+        let injected = match *kind {
+            "kill" => fault("kill_relay") + fault("kill_consumer"),
+            "cut" | "stall" | "slow" => {
+                fault(&format!("{kind}_database")) + fault(&format!("{kind}_broker"))
+            }
+            _ => fault(kind),
         };
         assert_eq!(injected, *n, "{kind}: {report}");
     }
 }
 
-/// A short run on `broker`: 3,000 orders at 300/s, 8 kills, a pause and a cut, plus
+/// A short run on `broker`: 3,000 orders at 300/s, 8 kills, a pause, a termination of
+/// the relays' connections, two cuts, stalls and slowdowns of one process's link, plus
 /// `extra` flags.
 fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
     let mut args = vec![
@@ -91,6 +95,12 @@ fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
         "1",
         "--terminations",
         "1",
+        "--cuts",
+        "2",
+        "--stalls",
+        "2",
+        "--slowdowns",
+        "2",
         "--seed",
         seed,
     ];
@@ -124,6 +134,9 @@ fn nats_survives_kills_pauses_cut_connections_and_restarts() {
         &[
             ("kill", 8),
             ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
             ("restart_broker", 1),
             ("restart_postgres", 1),
         ],
@@ -137,6 +150,12 @@ fn redis_streams_survive_kills_pauses_and_cut_connections() {
     check(
         &report,
         3000,
-        &[("kill", 8), ("terminate_relay_connections", 1)],
+        &[
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+        ],
     );
 }

@@ -411,7 +411,9 @@ fn distinct(seen: &[Seen]) -> usize {
 async fn metrics_follow_a_drain_and_readiness_follows_the_database() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("relay_health");
-    let proxy = support::Proxy::start(support::address(&support::pg_url(), 5432)).await;
+    let proxy = oncebox_testkit::proxy::Proxy::start(support::address(&support::pg_url(), 5432))
+        .await
+        .expect("the proxy listens");
     let prefix = format!("{schema}:");
     let config = write_config(
         dir.path(),
@@ -431,7 +433,7 @@ key_prefix = "{prefix}"
 stats_interval = "100ms"
 poll_max = "200ms"
 "#,
-            pg = support::through(&support::pg_url(), proxy.port),
+            pg = support::through(&support::pg_url(), proxy.port()),
             redis = support::redis_url(),
         ),
     );
@@ -594,7 +596,9 @@ async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = dir.path().join("shop.db");
     let prefix = format!("{}:", support::unique("relay_stop"));
-    let proxy = support::Proxy::start(support::address(&support::redis_url(), 6379)).await;
+    let proxy = oncebox_testkit::proxy::Proxy::start(support::address(&support::redis_url(), 6379))
+        .await
+        .expect("the proxy listens");
     let config_with = |stop: &str| {
         write_config(
             dir.path(),
@@ -603,7 +607,7 @@ async fn a_stop_ends_at_its_deadline_or_at_a_second_signal() {
                 "[store]\nurl = \"sqlite://{db}\"\n\n[broker]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\n\
                  [relay]\nstop_timeout = \"{stop}\"\nlease = \"8s\"\npublish_timeout = \"6s\"\npoll_max = \"100ms\"\n",
                 db = db.display(),
-                redis = support::through(&support::redis_url(), proxy.port),
+                redis = support::through(&support::redis_url(), proxy.port()),
             ),
         )
     };

@@ -16,6 +16,8 @@
 //! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
 //! | `trace` (feature `otel`) | a transport's, an outbox's and an inbox's | one trace from an HTTP request through the relay and the broker to the handler |
 //!
+//! [`proxy`] cuts, stalls and slows one client's connections to its database or broker.
+//!
 //! [`checks`] lists every check of each suite, so that a backend's tests run them all, and
 //! holds the compile-time contracts every store meets.
 
@@ -26,6 +28,7 @@ pub mod fixtures;
 pub mod inbox;
 pub mod multi_relay;
 pub mod outbox;
+pub mod proxy;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod support;

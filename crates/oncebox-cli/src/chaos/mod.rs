@@ -12,7 +12,10 @@
 //!   through the transactional inbox, in their own database transaction.
 //! - **Faults**, drawn from `--seed` before the run: SIGKILL of relays and payment
 //!   processes (started again at once), SIGSTOP past the relays' lease then SIGCONT,
-//!   `pg_terminate_backend` of the relays' connections, and restarts of the broker and
+//!   `pg_terminate_backend` of the relays' connections, one process's connections to
+//!   PostgreSQL or the broker cut, stalled past the lease or slowed (each process reaches
+//!   them through TCP proxies of its own; Kafka's clients follow the addresses of its
+//!   metadata, so only their database link is proxied), and restarts of the broker and
 //!   of PostgreSQL by the commands given (`scripts/services.sh restart nats` …).
 //!
 //! The **audit** then counts each order's charges (exactly once, never, twice, charges
@@ -50,6 +53,12 @@ use crate::service::backend::Broker;
 /// The relays' lease: short, so that a pause outlasts it within a short run.
 const LEASE: Duration = Duration::from_secs(4);
 
+/// How long a cut link refuses connections.
+const CUT: Duration = Duration::from_secs(3);
+
+/// How long a slowed link stays slow.
+const SLOW: Duration = Duration::from_secs(10);
+
 /// Order writers, each owning a share of the customers.
 const WRITERS: u32 = 8;
 
@@ -86,6 +95,18 @@ pub(crate) struct ChaosArgs {
     /// `pg_terminate_backend` of every relay connection.
     #[arg(long, default_value_t = 2)]
     terminations: u32,
+    /// One process's connections to PostgreSQL or the broker dropped, and new ones
+    /// closed, for 3 s.
+    #[arg(long, default_value_t = 2)]
+    cuts: u32,
+    /// One process's connections to PostgreSQL or the broker held open with nothing
+    /// forwarded, for twice the relays' lease.
+    #[arg(long, default_value_t = 2)]
+    stalls: u32,
+    /// One process's connections to PostgreSQL or the broker slowed (each chunk 50 ms
+    /// late), for 10 s.
+    #[arg(long, default_value_t = 2)]
+    slowdowns: u32,
     /// Shell command that restarts the broker (with `--broker-restarts`).
     #[arg(long, value_name = "COMMAND")]
     restart_broker: Option<String>,
@@ -360,20 +381,30 @@ async fn run_in(
         pauses: args.pauses,
         pause: LEASE * 2,
         terminations: args.terminations,
+        cuts: (args.cuts, CUT),
+        stalls: (args.stalls, LEASE * 2),
+        slowdowns: (args.slowdowns, SLOW),
+        broker_link: broker_kind != "kafka",
         broker_restarts: args.broker_restarts,
         postgres_restarts: args.postgres_restarts,
     };
     let faults = plan::plan(&spec, seed);
     let exe = std::env::current_exe().context("finding the oncebox binary")?;
+    let targets = fleet::Targets {
+        relay_store_url: named_store_url(&args.database_url, &format!("{schema}-relay")),
+        payments_store_url: named_store_url(&args.database_url, &format!("{schema}-payments")),
+        broker_url: spec.broker_link.then(|| split_password(&args.broker_url).0),
+    };
     let mut fleet = fleet::Fleet::start(
         exe,
         config_path,
         dir.clone(),
         topic.clone(),
-        named_store_url(&args.database_url, &format!("{schema}-payments")),
+        &targets,
         args.relays as usize,
         args.consumers as usize,
-    )?;
+    )
+    .await?;
     let progress = !args.json;
     if progress {
         eprintln!(
@@ -405,7 +436,11 @@ async fn run_in(
         while !orders.is_finished() || due.peek().is_some() {
             while let Some((at, fault)) = due.next_if(|(at, _)| started + *at <= Instant::now()) {
                 if progress {
-                    eprintln!("  {:>7.1} s  {}", at.as_secs_f64(), fault.kind());
+                    let whom = fault
+                        .process()
+                        .map(|(role, index)| format!(" ({} {index})", fleet::name(role)))
+                        .unwrap_or_default();
+                    eprintln!("  {:>7.1} s  {}{whom}", at.as_secs_f64(), fault.kind());
                 }
                 inject(&mut fleet, fault, args, store, &schema).await?;
                 *injected.entry(fault.kind()).or_default() += 1;
@@ -538,6 +573,13 @@ async fn inject(
             );
             Ok(())
         }
+        Fault::Link {
+            role,
+            index,
+            link,
+            trouble,
+            millis,
+        } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
         Fault::RestartBroker => restart(args.restart_broker.as_deref()).await,
         Fault::RestartPostgres => restart(args.restart_postgres.as_deref()).await,
     }

@@ -15,6 +15,28 @@ pub(crate) enum Role {
     Consumer,
 }
 
+/// One process's connections to a service, each through a proxy of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Link {
+    /// To PostgreSQL.
+    Database,
+    /// To the broker.
+    Broker,
+}
+
+/// What a link's proxy does to it for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Trouble {
+    /// Open connections dropped, new ones closed at once.
+    Cut,
+    /// Connections kept open, nothing forwarded.
+    Stall,
+    /// Every chunk forwarded late.
+    Slow,
+}
+
 /// One fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -30,6 +52,14 @@ pub(crate) enum Fault {
     },
     /// `pg_terminate_backend` of every connection of the relays.
     TerminateRelayConnections,
+    /// One process's link in trouble for `millis`, then restored.
+    Link {
+        role: Role,
+        index: usize,
+        link: Link,
+        trouble: Trouble,
+        millis: u64,
+    },
     /// The broker restarted by its command.
     RestartBroker,
     /// PostgreSQL restarted by its command.
@@ -37,6 +67,16 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
+    /// The process it strikes, if it strikes one.
+    pub(crate) fn process(self) -> Option<(Role, usize)> {
+        match self {
+            Self::Kill { role, index }
+            | Self::Pause { role, index, .. }
+            | Self::Link { role, index, .. } => Some((role, index)),
+            Self::TerminateRelayConnections | Self::RestartBroker | Self::RestartPostgres => None,
+        }
+    }
+
     /// The fault's kind, as the report counts them.
     pub(crate) fn kind(self) -> &'static str {
         match self {
@@ -55,6 +95,14 @@ impl Fault {
                 ..
             } => "pause_consumer",
             Self::TerminateRelayConnections => "terminate_relay_connections",
+            Self::Link { link, trouble, .. } => match (trouble, link) {
+                (Trouble::Cut, Link::Database) => "cut_database",
+                (Trouble::Cut, Link::Broker) => "cut_broker",
+                (Trouble::Stall, Link::Database) => "stall_database",
+                (Trouble::Stall, Link::Broker) => "stall_broker",
+                (Trouble::Slow, Link::Database) => "slow_database",
+                (Trouble::Slow, Link::Broker) => "slow_broker",
+            },
             Self::RestartBroker => "restart_broker",
             Self::RestartPostgres => "restart_postgres",
         }
@@ -73,6 +121,13 @@ pub(crate) struct PlanSpec {
     /// How long a pause lasts: longer than the relays' lease.
     pub(crate) pause: Duration,
     pub(crate) terminations: u32,
+    /// Cuts, stalls and slowdowns of one process's link, each with how long it lasts.
+    pub(crate) cuts: (u32, Duration),
+    pub(crate) stalls: (u32, Duration),
+    pub(crate) slowdowns: (u32, Duration),
+    /// Whether the processes reach the broker through proxies (not Kafka's: its
+    /// clients connect to the addresses its metadata gives).
+    pub(crate) broker_link: bool,
     pub(crate) broker_restarts: u32,
     pub(crate) postgres_restarts: u32,
 }
@@ -116,6 +171,29 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
     for _ in 0..spec.terminations {
         faults.push((anywhere(&mut rng), Fault::TerminateRelayConnections));
     }
+    for (trouble, (count, length)) in [
+        (Trouble::Cut, spec.cuts),
+        (Trouble::Stall, spec.stalls),
+        (Trouble::Slow, spec.slowdowns),
+    ] {
+        for _ in 0..count {
+            let (role, index) = pick(&mut rng);
+            let link = if spec.broker_link && rng.bool() {
+                Link::Broker
+            } else {
+                Link::Database
+            };
+            let millis = length.as_millis() as u64;
+            let fault = Fault::Link {
+                role,
+                index,
+                link,
+                trouble,
+                millis,
+            };
+            faults.push((anywhere(&mut rng), fault));
+        }
+    }
     let mut restarts: Vec<Fault> =
         std::iter::repeat_n(Fault::RestartBroker, spec.broker_restarts as usize)
             .chain(std::iter::repeat_n(
@@ -148,6 +226,10 @@ mod tests {
             pauses: 4,
             pause: Duration::from_secs(8),
             terminations: 3,
+            cuts: (4, Duration::from_secs(3)),
+            stalls: (4, Duration::from_secs(8)),
+            slowdowns: (4, Duration::from_secs(10)),
+            broker_link: true,
             broker_restarts: 2,
             postgres_restarts: 1,
         }
@@ -162,7 +244,7 @@ mod tests {
             "the same seed, the same plan"
         );
         assert_ne!(plan, super::plan(&spec(), 8));
-        assert_eq!(plan.len(), 50 + 4 + 3 + 2 + 1);
+        assert_eq!(plan.len(), 50 + 4 + 3 + 12 + 2 + 1);
         assert!(plan.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
         assert!(plan.iter().all(|(at, _)| *at < Duration::from_secs(100)));
         let count = |kind: &str| plan.iter().filter(|(_, f)| f.kind() == kind).count();
@@ -172,15 +254,39 @@ mod tests {
         assert_eq!(count("terminate_relay_connections"), 3);
         assert_eq!(count("restart_broker"), 2);
         assert_eq!(count("restart_postgres"), 1);
+        for trouble in ["cut", "stall", "slow"] {
+            let database = count(&format!("{trouble}_database"));
+            let broker = count(&format!("{trouble}_broker"));
+            assert_eq!(database + broker, 4, "{trouble}");
+        }
         for (_, fault) in &plan {
             match *fault {
-                Fault::Kill { role, index } | Fault::Pause { role, index, .. } => match role {
+                Fault::Kill { role, index }
+                | Fault::Pause { role, index, .. }
+                | Fault::Link { role, index, .. } => match role {
                     Role::Relay => assert!(index < 3),
                     Role::Consumer => assert!(index < 2),
                 },
                 _ => {}
             }
         }
+    }
+
+    #[test]
+    fn without_a_proxied_broker_only_database_links_fail() {
+        let spec = PlanSpec {
+            broker_link: false,
+            ..spec()
+        };
+        let links: Vec<Link> = plan(&spec, 3)
+            .into_iter()
+            .filter_map(|(_, fault)| match fault {
+                Fault::Link { link, .. } => Some(link),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(links.len(), 12);
+        assert!(links.iter().all(|link| *link == Link::Database));
     }
 
     #[test]
