@@ -501,7 +501,14 @@ async fn run_in(
     // A failed run keeps its topic, as it keeps its schema and logs.
     if report.passed
         && !args.keep
-        && let Err(error) = remove_topic(&broker, &schema, &topic).await
+        && let Err(error) = remove_topic(
+            &broker,
+            &args.broker_url,
+            &schema,
+            &topic,
+            &[&config.receive.consumer, &audit_group],
+        )
+        .await
     {
         eprintln!("oncebox chaos: {error:#}");
     }
@@ -664,10 +671,16 @@ async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes what the run made on the broker: the NATS stream, the Kafka topic, the
-/// Redis streams (RabbitMQ's queues stay: their names carry the run's schema).
-async fn remove_topic(broker: &Broker, schema: &str, topic: &str) -> anyhow::Result<()> {
-    let _ = (schema, topic);
+/// Removes what the run made on the broker at `url`: the NATS stream, the Kafka topic,
+/// the Redis streams, or RabbitMQ's exchange and the queues of `groups`.
+async fn remove_topic(
+    broker: &Broker,
+    url: &str,
+    schema: &str,
+    topic: &str,
+    groups: &[&str],
+) -> anyhow::Result<()> {
+    let _ = (url, schema, topic, groups);
     match broker {
         Broker::RedisStreams(streams) => {
             let keys = [streams.stream_key(topic), streams.dead_letter_key(topic)];
@@ -692,9 +705,31 @@ async fn remove_topic(broker: &Broker, schema: &str, topic: &str) -> anyhow::Res
                 .await
                 .with_context(|| format!("deleting stream {schema}"))?;
         }
-        // RabbitMQ, in builds that have it.
-        #[allow(unreachable_patterns)]
-        _ => {}
+        #[cfg(feature = "rabbitmq")]
+        Broker::RabbitMq(_) => {
+            use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+            let connection =
+                lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+                    .await
+                    .context("connecting to RabbitMQ")?;
+            let channel = connection.create_channel().await?;
+            for group in groups {
+                for queue in [
+                    (*group).to_owned(),
+                    oncebox::rabbitmq::dead_queue_name(group),
+                ] {
+                    channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await
+                        .with_context(|| format!("deleting queue {queue}"))?;
+                }
+            }
+            channel
+                .exchange_delete(schema.into(), ExchangeDeleteOptions::default())
+                .await
+                .with_context(|| format!("deleting exchange {schema}"))?;
+            let _ = connection.close(200, "done".into()).await;
+        }
     }
     Ok(())
 }
