@@ -15,12 +15,19 @@
 //! work (a bad key, an unreachable store or broker, an unusable listen address), with
 //! one line on stderr naming the key or the cause; 3 when a service's stop was cut short
 //! by its deadline or a second signal.
+//!
+//! The command lives in this library, and the binary calls its `main`, so that the fuzz
+//! targets (`fuzz/` at the repository root) reach the configuration's decoding. The
+//! library is no API.
 
 mod admin;
 mod bench;
 mod chaos;
 mod config;
 mod demo;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod service;
 mod telemetry;
 
@@ -139,7 +146,9 @@ impl From<oncebox::Error> for Failure {
     }
 }
 
-fn main() -> ExitCode {
+/// Runs the command line this process was started with: the binary's `main`.
+#[doc(hidden)]
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo and the benchmarks take their own flags, not the service configuration.
     let config = match cli.command {

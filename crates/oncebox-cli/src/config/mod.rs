@@ -424,7 +424,28 @@ impl Config {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        figment = figment.merge(Environment::read(vars)?);
+        Self::extract(figment, flags, vars)
+    }
+
+    /// [`load_from`](Self::load_from) with the file's text given instead of its path (the
+    /// fuzz targets, which write no files).
+    #[cfg(fuzzing)]
+    pub(crate) fn load_from_text(
+        text: &str,
+        vars: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let figment = Figment::new().merge(Toml::string(text));
+        Self::extract(figment, &Overrides::default(), vars)
+    }
+
+    /// Merges the environment and `flags` over `figment` (defaults and the file), then
+    /// checks the result.
+    fn extract(
+        figment: Figment,
+        flags: &Overrides,
+        vars: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let figment = figment.merge(Environment::read(vars)?);
         let mut config: Config = figment
             .extract_lossy()
             .map_err(|error| from_figment(&error))?;
