@@ -203,7 +203,8 @@ impl Message {
     ///
     /// The first rule the message breaks: empty or overlong topic, a control character
     /// in the topic, key or kind, payload over the limit, headers over their limit, an
-    /// invalid header.
+    /// invalid header, a header named like a CloudEvents attribute
+    /// ([`check_headers`](crate::wire::check_headers)).
     pub fn validate(&self, limits: &Limits) -> Result<(), InvalidMessage> {
         if self.topic.is_empty() {
             return Err(InvalidMessage::EmptyTopic);
@@ -249,7 +250,8 @@ impl Message {
                 limit: limits.max_header_bytes,
             });
         }
-        self.headers.validate()
+        self.headers.validate()?;
+        crate::wire::check_headers(&self.headers)
     }
 }
 

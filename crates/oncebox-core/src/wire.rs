@@ -230,6 +230,37 @@ impl WireFormat {
     }
 }
 
+/// The attributes a message's own fields fill (every other attribute is an extension).
+const ATTRIBUTES: [&str; 6] = ["specversion", "id", "source", "type", "subject", "time"];
+
+/// Checks that no header of a message would be read back as something else on some
+/// broker, as [`Message::validate`] does at enqueue: a header named like one of the
+/// message's own attributes under any broker's prefix (`ce_id`, `ce-type`,
+/// `cloudEvents_time`, ...) would override that attribute, and a header under the NATS
+/// or AMQP prefix (`ce-…`, `cloudEvents_…`) would come back renamed `ce_…`. Headers named
+/// `ce_<extension>` pass: they travel as CloudEvents extension attributes on Kafka and
+/// Redis Streams and as plain headers elsewhere, and come back under the same name.
+///
+/// # Errors
+///
+/// [`InvalidMessage::InvalidHeader`] naming the first such header.
+pub fn check_headers(headers: &Headers) -> Result<(), InvalidMessage> {
+    let reserved = |name: &str| {
+        ["ce_", "ce-", "cloudEvents_"].iter().any(|prefix| {
+            name.strip_prefix(prefix).is_some_and(|attribute| {
+                !attribute.is_empty() && (*prefix != "ce_" || ATTRIBUTES.contains(&attribute))
+            })
+        })
+    };
+    match headers.iter().find(|(name, _)| reserved(name)) {
+        Some((name, _)) => Err(InvalidMessage::InvalidHeader {
+            name: excerpt(name),
+            reason: "reserved: brokers carry CloudEvents attributes under this name",
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `time` as RFC 3339 in UTC with microseconds, as the `time` attribute carries it.
 pub fn format_time(time: SystemTime) -> String {
     match jiff::Timestamp::try_from(time) {
@@ -392,6 +423,56 @@ mod tests {
         let offset = parse_time("2026-11-21T15:05:09+02:00").expect("offset");
         assert_eq!(utc, offset);
         assert_eq!(format_time(utc), "2026-11-21T13:05:09.000000Z");
+    }
+
+    /// Found by the fuzz target `message_roundtrip`: a header `cloudEvents_sub` came back
+    /// from RabbitMQ as `ce_sub`, and a header `ce_id` would replace the id.
+    #[test]
+    fn headers_named_like_attributes_are_refused() {
+        for name in [
+            "ce_id",
+            "ce_time",
+            "ce-id",
+            "ce-partitionkey",
+            "cloudEvents_sub",
+            "cloudEvents_type",
+        ] {
+            let message = Message::new("orders", &b""[..])
+                .with_header(name, "x")
+                .expect("a valid header");
+            assert!(
+                matches!(
+                    check_headers(&message.headers),
+                    Err(InvalidMessage::InvalidHeader { .. })
+                ),
+                "{name}"
+            );
+            assert!(
+                message.validate(&crate::Limits::default()).is_err(),
+                "{name}"
+            );
+        }
+        for name in ["ce_partitionkey", "ce_", "ce-", "cloudEvents_", "x-ce-id"] {
+            let message = Message::new("orders", &b""[..])
+                .with_header(name, "p7")
+                .expect("a valid header");
+            assert!(check_headers(&message.headers).is_ok(), "{name}");
+            for format in [
+                WireFormat::kafka(),
+                WireFormat::nats(),
+                WireFormat::amqp(),
+                WireFormat::redis(),
+            ] {
+                let pairs: Vec<(Vec<u8>, Vec<u8>)> = format
+                    .encode(&message)
+                    .into_iter()
+                    .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+                    .collect();
+                let received = decode(&format, &pairs).expect("decodes");
+                assert_eq!(received.headers, message.headers, "{name} {format:?}");
+                assert_eq!(received.id, Some(message.id));
+            }
+        }
     }
 
     #[test]

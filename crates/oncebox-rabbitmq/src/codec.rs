@@ -23,10 +23,19 @@ const PERSISTENT: u8 = 2;
 /// The AMQP properties that carry `message`: the message id, persistence, the creation
 /// time in seconds, the kind as `type`, and the CloudEvents attributes and the
 /// message's headers as application headers (long strings).
+///
+/// A message header `x-delivery-count` is refused: quorum queues count deliveries in it,
+/// and the subscriber reads it as the delivery count, not as a header.
 pub(crate) fn encode(
     format: &WireFormat,
     message: &Message,
 ) -> Result<BasicProperties, InvalidMessage> {
+    if message.headers.get(DELIVERY_COUNT_HEADER).is_some() {
+        return Err(InvalidMessage::InvalidHeader {
+            name: DELIVERY_COUNT_HEADER.to_owned(),
+            reason: "reserved: RabbitMQ's quorum queues count deliveries in this header",
+        });
+    }
     let mut headers = FieldTable::default();
     for (name, value) in format.encode(message) {
         let name = ShortString::try_new(name).map_err(|_| InvalidMessage::InvalidHeader {
@@ -267,6 +276,19 @@ mod tests {
         assert_eq!(received.headers, message.headers);
         assert_eq!(received.delivery_count, 1);
         assert_eq!(received.coordinates.source, "orders");
+    }
+
+    /// Found by the fuzz target `message_roundtrip`: a message's own `x-delivery-count`
+    /// header was read as the delivery count and dropped.
+    #[test]
+    fn a_header_named_like_the_delivery_count_is_refused() {
+        let message = Message::new("orders", &b"{}"[..])
+            .with_header(DELIVERY_COUNT_HEADER, "7")
+            .expect("a valid header");
+        assert!(matches!(
+            encode(&WireFormat::amqp(), &message),
+            Err(InvalidMessage::InvalidHeader { .. })
+        ));
     }
 
     #[test]

@@ -106,6 +106,7 @@ pub fn decode(content: &Bytes, committed_at: SystemTime) -> Result<Message, Enco
     }
     meta.headers
         .validate()
+        .and_then(|()| oncebox_core::wire::check_headers(&meta.headers))
         .map_err(|error| fail(error.to_string()))?;
     let created_at = match meta.created_at {
         None => committed_at,
@@ -174,7 +175,7 @@ mod tests {
 
     #[test]
     fn bad_content_is_refused_with_its_reason() {
-        let cases: [(&[u8], &str); 6] = [
+        let cases: [(&[u8], &str); 7] = [
             (b"", "empty"),
             (b"\x02\x00\x00\x00\x00", "version byte 2"),
             (b"\x01\x00\x00", "cut short"),
@@ -183,6 +184,11 @@ mod tests {
             (
                 b"\x01\x00\x00\x00\x16{\"id\":\"x\",\"topic\":\"t\"}",
                 "UUID",
+            ),
+            // Emitted by SQL: a header that would replace the message's id on the wire.
+            (
+                b"\x01\x00\x00\x00\x51{\"id\":\"0193a0c4-5b1e-7c6f-8d2a-1f0e9b8c7d6e\",\"topic\":\"t\",\"headers\":{\"ce_id\":\"x\"}}",
+                "reserved",
             ),
         ];
         for (content, reason) in cases {
