@@ -63,12 +63,14 @@ ensure_mariadb() {
   wait_for 127.0.0.1 3306 MariaDB
 }
 
+# Redis keeps its data in memory (no periodic snapshots, no append-only file); it loads
+# /var/lib/redis/dump.rdb when it starts, which only `restart redis` writes.
 ensure_redis() {
   port_open 6379 && return 0
   command -v redis-server >/dev/null || apt_install redis-server
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    --dir /var/lib/redis --dbfilename dump.rdb --logfile /var/log/redis/ci.log
   wait_for 127.0.0.1 6379 Redis
 }
 
@@ -135,7 +137,7 @@ ensure_kafka() {
 }
 
 # restart NAME: a restart that keeps the service's data, as `oncebox chaos` injects it.
-# Redis and Kafka (tansu) keep their data in memory here: a restart would lose it.
+# Kafka (tansu) keeps its data in memory here: a restart would lose it.
 restart() {
   case "$1" in
     postgres)
@@ -147,6 +149,15 @@ restart() {
     rabbitmq)
       rabbitmqctl -q stop_app && rabbitmqctl -q start_app
       wait_for 127.0.0.1 5672 RabbitMQ ;;
+    redis)
+      # A snapshot written at shutdown, where the next start loads it: every write the
+      # server acknowledged survives, as with a graceful restart of a persistent Redis.
+      redis-cli -p 6379 CONFIG SET dir /var/lib/redis >/dev/null
+      redis-cli -p 6379 CONFIG SET dbfilename dump.rdb >/dev/null
+      redis-cli -p 6379 SHUTDOWN SAVE >/dev/null 2>&1 || true
+      for _ in $(seq 100); do port_open 6379 || break; sleep 0.1; done
+      ensure_redis
+      rm -f /var/lib/redis/dump.rdb ;;
     *) log "cannot restart $1 without losing its data"; exit 2 ;;
   esac
 }

@@ -1,12 +1,13 @@
 //! `oncebox chaos`, the short run: real relay and payment processes on the local
 //! PostgreSQL and a real broker, under SIGKILLs, a pause past the relays' lease, cut
 //! database connections, one process's link to PostgreSQL or the broker cut, stalled
-//! or slowed, and (NATS) a broker and a PostgreSQL restart; the audit must
+//! or slowed, a broker restart and (NATS) a PostgreSQL restart; the audit must
 //! find every order charged exactly once and published in order.
 //!
 //! The restarts go through `scripts/services.sh restart`, and stop the shared services
-//! for a second or two: this test binary holds the only tests that do it, and cargo
-//! runs test binaries one after another.
+//! for a second or two (Redis writes a snapshot at shutdown and loads it again): this
+//! test binary holds the only tests that do it, and cargo runs test binaries one after
+//! another.
 
 #![cfg(all(feature = "nats", feature = "redis-streams"))]
 
@@ -144,9 +145,14 @@ fn nats_survives_kills_pauses_cut_connections_and_restarts() {
 }
 
 #[test]
-fn redis_streams_survive_kills_pauses_and_cut_connections() {
-    // The local Redis keeps its data in memory: no broker restart here.
-    let report = short_run("redis://127.0.0.1:6379", "24", &[]);
+fn redis_streams_survive_kills_pauses_cut_connections_and_a_restart() {
+    let restart_redis = format!("{} restart redis", services());
+    let report = short_run(
+        "redis://127.0.0.1:6379",
+        "24",
+        &["--restart-broker", &restart_redis, "--broker-restarts", "1"],
+    );
+    assert_eq!(report["broker"], "redis", "{report}");
     check(
         &report,
         3000,
@@ -156,6 +162,7 @@ fn redis_streams_survive_kills_pauses_and_cut_connections() {
             ("cut", 2),
             ("stall", 2),
             ("slow", 2),
+            ("restart_broker", 1),
         ],
     );
 }
