@@ -147,12 +147,15 @@ async fn required_key_missing_or_invalid_is_400() {
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.problem_type(), problem::KEY_MISSING);
 
-    let long = "k".repeat(256);
+    let (long, longer) = ("k".repeat(256), "k".repeat(300));
+    // A tab is the one control character HTTP lets through in a header value.
     let bad_keys = [
         HeaderValue::from_static(""),
         HeaderValue::from_static("has space"),
         HeaderValue::from_str(&long).expect("ascii"),
+        HeaderValue::from_str(&longer).expect("ascii"),
         HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
+        HeaderValue::from_bytes(b"tab\there").expect("a tab is allowed in a value"),
     ];
     for bad in bad_keys {
         let mut request = post(None, "{}");
