@@ -482,3 +482,50 @@ async fn a_message_the_broker_finds_too_large_fails_permanently() -> oncebox_cor
     assert_eq!(delivery.received().id, Some(small.id));
     delivery.ack().await
 }
+
+/// Headers larger than an AMQP frame (128 KiB by default) cannot travel in a content
+/// header frame: RabbitMQ would close the whole connection with `FRAME_ERROR`. Such a
+/// message is refused before it is sent, for good (`HeadersTooLarge`), and the
+/// publisher goes on.
+#[tokio::test]
+async fn headers_over_the_frame_size_fail_permanently() -> oncebox_core::Result<()> {
+    let harness = RabbitHarness::new();
+    let topic = unique("big-headers");
+    let mut subscriber = harness.subscriber(&topic, &unique("group")).await?;
+    let publisher = harness.publisher().await?;
+    let mut big = Message::new(topic.clone(), "small payload");
+    for i in 0..40 {
+        big = big
+            .with_header(format!("x-big-{i}"), "v".repeat(8 * 1024))
+            .expect("each header within its own limit");
+    }
+    let error = tokio::time::timeout(PATIENCE, publisher.publish(&big))
+        .await
+        .expect("an answer in time")
+        .expect_err("headers over the frame size");
+    assert!(!error.is_transient(), "{error}");
+    let Error::Transport { source, .. } = &error else {
+        panic!("expected a transport error, got {error:?}")
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<oncebox_core::InvalidMessage>(),
+            Some(oncebox_core::InvalidMessage::HeadersTooLarge { .. })
+        ),
+        "{error}"
+    );
+    let small = Message::new(topic.clone(), "small");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match publisher.publish(&small).await {
+            Ok(()) => break,
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    let delivery = next(&mut subscriber).await;
+    assert_eq!(delivery.received().id, Some(small.id));
+    delivery.ack().await
+}
