@@ -429,7 +429,7 @@ impl Config {
 
     /// [`load_from`](Self::load_from) with the file's text given instead of its path (the
     /// fuzz targets, which write no files).
-    #[cfg(fuzzing)]
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn load_from_text(
         text: &str,
         vars: &[(String, String)],
@@ -525,7 +525,13 @@ impl Config {
             } else {
                 1
             };
-            let needed = per_loop * self.relay.workers.max(0) + 2;
+            // Saturating: a huge relay.workers must fail this check, not wrap past it.
+            let needed = self
+                .relay
+                .workers
+                .max(0)
+                .saturating_mul(per_loop)
+                .saturating_add(2);
             if i64::from(self.store.pool_size) < needed {
                 return Err(ConfigError::key(
                     "store.pool_size",
@@ -751,4 +757,19 @@ fn from_figment(error: &figment::Error) -> ConfigError {
         None => String::new(),
     };
     ConfigError(format!("{key}: {}{source}", error.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found with the fuzz target `config`: `relay.workers` near `i64::MAX` overflowed the
+    /// pool-size check (a panic in debug builds; in release builds it wrapped, passed, and
+    /// the relay would have started that many loops).
+    #[test]
+    fn a_huge_worker_count_fails_the_pool_check() {
+        let text = "[store]\nurl = \"sqlite://x.db\"\n[relay]\nworkers = 9223372036854775807\n";
+        let error = Config::load_from_text(text, &[]).expect_err("too many workers");
+        assert!(error.0.starts_with("store.pool_size:"), "{error}");
+    }
 }
