@@ -144,6 +144,40 @@ async fn foreign_records_arrive_with_their_coordinates() {
     .await;
 }
 
+/// A record whose key is not UTF-8 (a schema-registry encoded key, say) is delivered,
+/// not dead-lettered: its `Received::key` is `None`, its id and payload are intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_utf8_is_delivered_without_a_key() {
+    with_topic("binary-key", |harness, topic| async move {
+        let mut subscriber = harness
+            .subscriber(&topic, &format!("{topic}-a"))
+            .await
+            .expect("subscribed");
+        let id = MessageId::new().to_string();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "ce_id",
+            value: Some(id.as_str()),
+        });
+        let record = FutureRecord::to(&topic)
+            .key(&[0x00, 0xff, 0xfe, 0x01][..])
+            .payload(&b"{}"[..])
+            .headers(headers);
+        raw_producer(&harness.options)
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(error, _)| error)
+            .expect("raw record delivered");
+        let delivery = receive(&mut subscriber).await;
+        let received = delivery.received();
+        assert_eq!(received.key, None, "a binary key is no text key");
+        assert_eq!(received.id.map(|id| id.to_string()), Some(id));
+        assert_eq!(&received.payload[..], b"{}");
+        delivery.ack().await.expect("acked");
+        harness
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_records_are_dead_lettered_by_the_subscriber() {
     with_topic("undecodable", |harness, topic| async move {

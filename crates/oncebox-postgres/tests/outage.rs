@@ -1,13 +1,10 @@
 //! PostgreSQL unreachable at each step: at enqueue, at the relay's claim, at the inbox's
-//! record. The tests reach the server through a TCP proxy of their own, which they
-//! switch off (refusing new connections, cutting open ones) and on again; the shared
-//! server itself is never stopped.
+//! record. The tests reach the server through a proxy of their own
+//! ([`oncebox_testkit::proxy`]), which they cut (open connections dropped, new ones
+//! closed at once) and restore; the shared server itself is never stopped.
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncebox_core::consumer::{ConsumerOptions, Outcome, TransactionalInbox, process_delivery};
@@ -16,93 +13,33 @@ use oncebox_core::spool::{ClaimRequest, LeaseToken, Relay, SpoolOptions, SpoolSt
 use oncebox_core::store::InboxStore;
 use oncebox_core::{Publisher, Received, Result, Subscriber};
 use oncebox_postgres::{PgStore, RowStatus};
+use oncebox_testkit::proxy::Proxy;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
 
 use common::{TestDb, enqueue, msg};
 
-/// A TCP proxy to the PostgreSQL server that can be switched off: then it closes every
-/// connection it forwards and every new one at once, as a server that went away does.
-struct Proxy {
-    addr: SocketAddr,
-    up: Arc<AtomicBool>,
-    links: Arc<Mutex<Vec<AbortHandle>>>,
-    accept: AbortHandle,
+/// A proxy to the PostgreSQL server, for this test's clients only.
+async fn proxy() -> Proxy {
+    let options: PgConnectOptions = common::url().parse().expect("a valid ONCEBOX_PG_URL");
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    Proxy::start(server).await.expect("a proxy")
 }
 
-impl Proxy {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local address");
-        let options: PgConnectOptions = common::url().parse().expect("a valid ONCEBOX_PG_URL");
-        let server = format!("{}:{}", options.get_host(), options.get_port());
-        let up = Arc::new(AtomicBool::new(true));
-        let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let accept = {
-            let (up, links) = (Arc::clone(&up), Arc::clone(&links));
-            tokio::spawn(async move {
-                while let Ok((mut client, _)) = listener.accept().await {
-                    if !up.load(Ordering::SeqCst) {
-                        continue; // dropped: the client sees the connection closed
-                    }
-                    let server = server.clone();
-                    let link = tokio::spawn(async move {
-                        if let Ok(mut server) = TcpStream::connect(&server).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                    links
-                        .lock()
-                        .expect("not poisoned")
-                        .push(link.abort_handle());
-                }
-            })
-            .abort_handle()
-        };
-        Self {
-            addr,
-            up,
-            links,
-            accept,
-        }
-    }
-
-    /// Refuses new connections and cuts the open ones.
-    fn down(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        for link in self.links.lock().expect("not poisoned").drain(..) {
-            link.abort();
-        }
-    }
-
-    fn up(&self) {
-        self.up.store(true, Ordering::SeqCst);
-    }
-
-    /// A store on `schema` (already migrated) whose connections go through the proxy.
-    fn store(&self, schema: &str) -> PgStore {
-        let options: PgConnectOptions = common::url().parse().expect("a valid ONCEBOX_PG_URL");
-        let options = options
-            .host(&self.addr.ip().to_string())
-            .port(self.addr.port())
-            .options([("search_path", format!("{schema},public"))]);
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(2))
-            .connect_lazy_with(options);
-        PgStore::from_pool(pool)
-            .with_schema(schema)
-            .expect("a valid schema name")
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.down();
-    }
+/// A store on `schema` (already migrated) whose connections go through `proxy`.
+fn store_through(proxy: &Proxy, schema: &str) -> PgStore {
+    let options: PgConnectOptions = common::url().parse().expect("a valid ONCEBOX_PG_URL");
+    let options = options
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .options([("search_path", format!("{schema},public"))]);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(options);
+    PgStore::from_pool(pool)
+        .with_schema(schema)
+        .expect("a valid schema name")
 }
 
 /// The connection of the producer's transaction is cut before `enqueue`: the enqueue is
@@ -111,11 +48,11 @@ impl Drop for Proxy {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_store_down_at_enqueue_is_an_outage() {
     let db = TestDb::new().await;
-    let proxy = Proxy::start().await;
-    let store = proxy.store(&db.schema);
+    let proxy = proxy().await;
+    let store = store_through(&proxy, &db.schema);
     let outbox = store.outbox();
     let mut tx = store.pool().begin().await.expect("begin through the proxy");
-    proxy.down();
+    proxy.cut();
     let message = msg(Some("k"), "lost with its transaction");
     let error = outbox
         .enqueue(&mut tx, &message)
@@ -123,7 +60,7 @@ async fn the_store_down_at_enqueue_is_an_outage() {
         .expect_err("the connection is gone");
     assert!(error.is_outage(), "expected an outage, got {error:?}");
     drop(tx);
-    proxy.up();
+    proxy.restore();
     assert!(
         db.store
             .outbox()
@@ -148,9 +85,9 @@ async fn the_store_down_at_claim_and_record_is_an_outage_and_waited_out() {
         std::slice::from_ref(&message),
     )
     .await;
-    let proxy = Proxy::start().await;
-    let store = proxy.store(&db.schema);
-    proxy.down();
+    let proxy = proxy().await;
+    let store = store_through(&proxy, &db.schema);
+    proxy.cut();
 
     let request = ClaimRequest {
         token: LeaseToken::new(),
@@ -195,7 +132,7 @@ async fn the_store_down_at_claim_and_record_is_an_outage_and_waited_out() {
         "the relay gave up on a store outage"
     );
     assert!(broker.published("orders").is_empty());
-    proxy.up();
+    proxy.restore();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while broker.published("orders").is_empty() {
         assert!(
@@ -235,8 +172,8 @@ async fn the_store_down_at_the_inbox_record_holds_the_delivery() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE charges (payload bytea NOT NULL)")
         .await;
-    let proxy = Proxy::start().await;
-    let store = proxy.store(&db.schema);
+    let proxy = proxy().await;
+    let store = store_through(&proxy, &db.schema);
     let inbox = TransactionalInbox::new(
         store.inbox(),
         oncebox_core::consumer::handler_fn(charge),
@@ -251,11 +188,11 @@ async fn the_store_down_at_the_inbox_record_holds_the_delivery() {
         .await
         .expect("published");
     let delivery = subscriber.next().await.expect("delivered");
-    proxy.down();
+    proxy.cut();
     let processing = tokio::spawn(async move { process_delivery(&inbox, delivery).await });
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!processing.is_finished(), "the delivery was not held");
-    proxy.up();
+    proxy.restore();
     let outcome = tokio::time::timeout(Duration::from_secs(30), processing)
         .await
         .expect("handled within 30 s of the store's return")
