@@ -402,3 +402,41 @@ fn the_environment_is_read_as_each_key_wants() {
         "cannot read",
     );
 }
+
+/// Identifiers in the configuration that try SQL injection (the schema, the
+/// Debezium-style table, the replication slot) are refused with the key named before
+/// any SQL is built from them: the table they try to drop is still there.
+#[test]
+fn identifiers_that_try_sql_injection_are_refused() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let canary = support::unique("canary");
+    support::psql(&format!("CREATE TABLE public.{canary} (x int)"));
+    let drop = format!("DROP TABLE public.{canary}; --");
+    let attacks = [
+        (
+            format!("[store]\nschema = \"oncebox\\\"; {drop}\""),
+            "store.schema",
+        ),
+        (
+            format!("[outbox]\nlayout = \"debezium\"\ntable = \"public.outbox; {drop}\""),
+            "outbox.table",
+        ),
+        (
+            format!("[relay]\nmode = \"cdc\"\n\n[cdc]\nslot = \"s'; {drop}\""),
+            "cdc",
+        ),
+    ];
+    for (section, key) in attacks {
+        let toml = format!("[broker]\nurl = \"redis://127.0.0.1:6379\"\n\n{section}\n",);
+        let config = write_config(dir.path(), "oncebox.toml", &toml);
+        let env = [("ONCEBOX_STORE__URL", support::pg_url())];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        refused(dir.path(), &config, &env, &format!("{key}:"));
+    }
+    assert_eq!(
+        support::psql(&format!("SELECT count(*) FROM public.{canary}")),
+        "0",
+        "the canary table survived"
+    );
+    support::psql(&format!("DROP TABLE public.{canary}"));
+}
