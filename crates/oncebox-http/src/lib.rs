@@ -125,6 +125,9 @@ mod extract;
 mod fingerprint;
 mod flow;
 mod future;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod key;
 mod layer;
 mod options;

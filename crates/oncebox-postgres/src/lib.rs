@@ -224,6 +224,9 @@ pub mod cdc;
 mod dedup;
 mod durable;
 mod error;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod ident;
 mod inbox;
 mod migrate;

@@ -53,6 +53,9 @@ mod connection;
 mod dead_letters;
 mod delivery;
 mod error;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod options;
 mod publisher;
 mod subscriber;

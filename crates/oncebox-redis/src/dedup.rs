@@ -182,7 +182,7 @@ fn describe(value: &Value) -> String {
     }
 }
 
-fn decode_begin(reply: Value) -> Result<Begin> {
+pub(crate) fn decode_begin(reply: Value) -> Result<Begin> {
     let Value::Array(items) = reply else {
         return Err(unexpected("begin", &reply));
     };
@@ -202,7 +202,7 @@ fn decode_begin(reply: Value) -> Result<Begin> {
     }
 }
 
-fn decode_finish(script: &str, reply: Value) -> Result<()> {
+pub(crate) fn decode_finish(script: &str, reply: Value) -> Result<()> {
     match reply {
         Value::Int(1) => Ok(()),
         Value::Int(0) => Err(Error::LeaseLost),

@@ -51,6 +51,9 @@
 
 mod dedup;
 mod error;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod streams;
 
 pub use dedup::{DEFAULT_PREFIX, RESPONSE_TIMEOUT, RedisDedupStore};

@@ -128,8 +128,8 @@ mod encoding;
 mod metrics;
 mod outbox;
 mod progress;
-mod relay;
-mod row;
+pub(crate) mod relay;
+pub(crate) mod row;
 mod slot;
 
 use std::time::Duration;

@@ -635,7 +635,7 @@ impl<'r, P: Publisher> Session<'r, P> {
 }
 
 /// A commit time as pgoutput sends it (microseconds since 2000-01-01).
-fn committed_at(micros: i64) -> SystemTime {
+pub(crate) fn committed_at(micros: i64) -> SystemTime {
     let since = Duration::from_micros(micros.unsigned_abs());
     let epoch = SystemTime::UNIX_EPOCH + Duration::from_secs(PG_EPOCH_SECS);
     if micros >= 0 {

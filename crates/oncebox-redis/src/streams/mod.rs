@@ -3,7 +3,7 @@
 mod batcher;
 mod dead;
 mod delivery;
-mod entry;
+pub(crate) mod entry;
 mod options;
 mod publisher;
 mod subscriber;
