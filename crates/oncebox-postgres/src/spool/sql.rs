@@ -433,9 +433,10 @@ enum Locking {
 ///
 /// `scope_rows` holds the rows whose keys must stay prefixes (`seq`, `k`): a locked row
 /// is kept only if no row of its key in `scope_rows` that comes before it went unlocked
-/// (skipped because another transaction holds it, or dropped on recheck). `scope_rows`
-/// must hold, for each key, every row that comes before a row the statement tried to
-/// lock; rows after them do not change the outcome.
+/// (skipped because another transaction holds it, dropped on recheck, or locked in a
+/// version the statement cannot see: see [`seen`]). `scope_rows` must hold, for each
+/// key, every row that comes before a row the statement tried to lock; rows after them
+/// do not change the outcome.
 ///
 /// A leased claim then writes its token and lease end into the kept rows, finding each
 /// by the `ctid` the lock returned (a TID scan, no index descent), checked against its
@@ -532,7 +533,7 @@ locked AS (SELECT * FROM first_locked UNION ALL SELECT * FROM rest_locked)",
         Hold::Lease => format!(
             "UPDATE {table} AS t
   SET {lease_token} = ${token}::uuid, {lease_until} = statement_timestamp() + {lease}
-  FROM locked AS l LEFT JOIN gaps AS g ON g.k = l.k
+  FROM seen AS l LEFT JOIN gaps AS g ON g.k = l.k
   WHERE t.ctid = l.tid AND t.{seq} = l.seq AND {KEEPS}
   RETURNING t.{seq} AS seq, t.{attempts} AS attempts, {item}",
             table = layout.table,
@@ -550,7 +551,7 @@ locked AS (SELECT * FROM first_locked UNION ALL SELECT * FROM rest_locked)",
         // finding it again).
         Hold::Transaction => format!(
             "SELECT l.seq AS seq, l.tid::text AS tid, t.{attempts} AS attempts, {item}
-  FROM locked AS l
+  FROM seen AS l
   JOIN {table} AS t ON t.ctid = l.tid
   LEFT JOIN gaps AS g ON g.k = l.k
   WHERE {KEEPS}",
@@ -561,14 +562,35 @@ locked AS (SELECT * FROM first_locked UNION ALL SELECT * FROM rest_locked)",
     };
     format!(
         "{locked},
+{seen},
 gaps AS (
   SELECT r.k, min(r.seq) AS first_gap FROM {scope_rows} AS r
-  WHERE r.k IS NOT NULL AND r.seq NOT IN (SELECT l.seq FROM locked AS l)
+  WHERE r.k IS NOT NULL AND r.seq NOT IN (SELECT l.seq FROM seen AS l)
   GROUP BY r.k
 ),
 claimed AS (
   {claimed}
-)"
+)",
+        seen = seen(layout),
+    )
+}
+
+/// `seen`: the rows of `locked` whose locked version the statement's snapshot sees.
+///
+/// A row that another transaction updated and committed after the snapshot was taken
+/// (a settlement: a retry already due, say) is locked in its newest version, rechecked
+/// against the conditions and kept by the lock, but the statement cannot read that
+/// version: the claim could not return (or lease) it. Such a row counts as not locked,
+/// so the later rows of its key are left out with it (the per-key prefix rule); it
+/// stays locked, unclaimed, until the claim's transaction ends.
+fn seen(layout: &Layout) -> String {
+    format!(
+        "seen AS MATERIALIZED (
+  SELECT l.seq, l.k, l.tid FROM locked AS l
+  JOIN {table} AS v ON v.ctid = l.tid AND v.{seq} = l.seq
+)",
+        table = layout.table,
+        seq = layout.col.seq,
     )
 }
 
@@ -602,19 +624,20 @@ fn claim_first(layout: &Layout) -> String {
   LIMIT {LIMIT_MARK}
   FOR UPDATE OF o SKIP LOCKED
 ),
+{seen},
 skipped AS MATERIALIZED (
   SELECT s.{seq} AS seq, s.{key} AS k FROM {table} AS s
-  WHERE s.{status} = 'pending' AND s.{seq} < (SELECT max(l.seq) FROM locked AS l)
-    AND s.{seq} NOT IN (SELECT l.seq FROM locked AS l)
+  WHERE s.{status} = 'pending' AND s.{seq} < (SELECT max(l.seq) FROM seen AS l)
+    AND s.{seq} NOT IN (SELECT l.seq FROM seen AS l)
 ),
 blocked AS MATERIALIZED (
   SELECT EXISTS (
-    SELECT FROM skipped AS x JOIN locked AS l ON l.k = x.k AND x.seq < l.seq
+    SELECT FROM skipped AS x JOIN seen AS l ON l.k = x.k AND x.seq < l.seq
   ) AS blocked
 )
 SELECT l.seq AS seq, l.tid::text AS tid, t.{attempts} AS attempts, {item}, b.blocked
 FROM blocked AS b
-LEFT JOIN (locked AS l JOIN {table} AS t ON t.ctid = l.tid) ON NOT b.blocked",
+LEFT JOIN (seen AS l JOIN {table} AS t ON t.ctid = l.tid) ON NOT b.blocked",
         table = layout.table,
         seq = c.seq,
         key = c.key,
@@ -622,6 +645,7 @@ LEFT JOIN (locked AS l JOIN {table} AS t ON t.ctid = l.tid) ON NOT b.blocked",
         attempts = c.attempts,
         free_o = free(layout, "o"),
         item = layout.item,
+        seen = seen(layout),
     )
 }
 
