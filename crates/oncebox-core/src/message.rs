@@ -209,26 +209,25 @@ impl Message {
         if self.topic.is_empty() {
             return Err(InvalidMessage::EmptyTopic);
         }
-        if self.topic.chars().any(char::is_control) {
-            return Err(InvalidMessage::InvalidTopic {
-                topic: self.topic.chars().take(64).collect(),
-                reason: "it contains a control character",
-            });
-        }
         // PostgreSQL's text cannot hold a NUL, and NATS headers (where the key and the
         // kind travel) no line break.
-        if let Some(key) = &self.key
-            && key.chars().any(char::is_control)
-        {
-            return Err(InvalidMessage::InvalidKey {
-                key: key.chars().take(64).collect(),
-                reason: "it contains a control character",
+        const CONTROL: &str = "it contains a control character";
+        if let Some(topic) = cut_if_control(&self.topic) {
+            return Err(InvalidMessage::InvalidTopic {
+                topic,
+                reason: CONTROL,
             });
         }
-        if self.kind.chars().any(char::is_control) {
+        if let Some(key) = self.key.as_deref().and_then(cut_if_control) {
+            return Err(InvalidMessage::InvalidKey {
+                key,
+                reason: CONTROL,
+            });
+        }
+        if let Some(kind) = cut_if_control(&self.kind) {
             return Err(InvalidMessage::InvalidKind {
-                kind: self.kind.chars().take(64).collect(),
-                reason: "it contains a control character",
+                kind,
+                reason: CONTROL,
             });
         }
         if self.topic.len() > limits.max_topic_len {
@@ -320,6 +319,15 @@ impl Default for Limits {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// `value` cut to its first 64 characters, if it holds a control character (NUL among
+/// them): what an error about it shows.
+fn cut_if_control(value: &str) -> Option<String> {
+    value
+        .chars()
+        .any(char::is_control)
+        .then(|| value.chars().take(64).collect())
 }
 
 #[cfg(test)]
