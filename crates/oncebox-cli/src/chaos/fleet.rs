@@ -47,6 +47,12 @@ impl Route {
             restore_at: None,
         })
     }
+
+    /// Ends the route's trouble.
+    fn restore(&mut self) {
+        self.proxy.restore();
+        self.restore_at = None;
+    }
 }
 
 /// Where the processes connect, before the proxies.
@@ -231,8 +237,7 @@ impl Fleet {
             }
             for route in member.routes() {
                 if route.restore_at.is_some_and(|at| at <= now) {
-                    route.proxy.restore();
-                    route.restore_at = None;
+                    route.restore();
                 }
             }
             if let Some(status) = member.child.try_wait()? {
@@ -256,8 +261,7 @@ impl Fleet {
                 let _ = signal(&member.child, "CONT");
             }
             for route in member.routes() {
-                route.proxy.restore();
-                route.restore_at = None;
+                route.restore();
             }
             let _ = signal(&member.child, "TERM");
         }
