@@ -131,6 +131,7 @@ mod progress;
 pub(crate) mod relay;
 pub(crate) mod row;
 mod slot;
+mod snapshot;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! in commit order, keys in parallel) and confirms each commit once the broker confirmed
 //! all of it and everything before it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
@@ -18,6 +18,7 @@ use super::encoding;
 use super::metrics::CdcMetrics;
 use super::progress::{CommitNo, Progress};
 use super::row::{Change, RowDecoder};
+use super::snapshot::StartSnapshot;
 use super::{CdcMode, CdcOptions, slot};
 use crate::PgStore;
 use crate::cdc::CdcConnection;
@@ -60,6 +61,9 @@ struct Job {
     message: Message,
     /// The outbox row (table mode).
     seq: Option<i64>,
+    /// Whether its commit was visible before the session began: a reader before this
+    /// one may have published it and deleted its row.
+    replayed: bool,
 }
 
 type Publishing<'a> = Pin<Box<dyn Future<Output = (Job, Result<()>)> + Send + 'a>>;
@@ -254,7 +258,7 @@ impl<P: Publisher> CdcRelay<P> {
         let mut client = ReplicationClient::connect(config)
             .await
             .map_err(wire_error)?;
-        let mut session = Session::new(self);
+        let mut session = Session::new(self, StartSnapshot::take(&self.pool).await?);
         let ended = session.run(&mut client, lead, shutdown).await;
         session.finish(&client).await;
         client.stop();
@@ -350,7 +354,7 @@ impl<P: Publisher> CdcRelay<P> {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(store_error)?;
-        let deleted: std::collections::HashSet<i64> = deleted.into_iter().collect();
+        let deleted: HashSet<i64> = deleted.into_iter().collect();
         Ok(seqs
             .iter()
             .copied()
@@ -363,21 +367,26 @@ impl<P: Publisher> CdcRelay<P> {
 struct Session<'r, P> {
     relay: &'r CdcRelay<P>,
     progress: Progress,
-    /// The commit being read, and its commit time.
-    open: Option<(CommitNo, SystemTime)>,
+    /// Which commits were visible before the session began.
+    start: StartSnapshot,
+    /// The commit being read.
+    open: Option<Open>,
     rows: RowDecoder,
     in_flight: FuturesUnordered<Publishing<'r>>,
     /// For each key with a message in flight, its messages waiting behind it.
     waiting: HashMap<String, VecDeque<Job>>,
     /// Messages in flight or waiting.
     unsettled: usize,
-    /// Published rows not yet deleted (table mode).
-    published: Vec<i64>,
-    /// Published rows a delete did not find, and when that first happened. A commit is
-    /// decoded as soon as its record is in the WAL, a moment before the transaction
-    /// becomes visible to other sessions: a delete in that moment misses the row, so
-    /// it is tried again, for up to a second; after that the row is taken for gone (a
-    /// previous reader deleted it before the slot learned that it was published).
+    /// Published rows not yet deleted (table mode), and whether they were replayed.
+    published: Vec<(i64, bool)>,
+    /// Published rows of this session's commits a delete did not find, and when that
+    /// first happened. A commit is decoded as soon as its record is in the WAL, a
+    /// moment before the transaction becomes visible to other sessions: a delete in
+    /// that moment misses the row, so it is tried again, for up to a second (a row
+    /// that stays missing was deleted by someone else). A replayed row that is missing
+    /// was deleted by the reader before, so it is not waited for (see
+    /// [`StartSnapshot`]): waiting would hold back every confirmation after a
+    /// takeover while the replay runs.
     unseen: Vec<(i64, tokio::time::Instant)>,
     /// The position that may be confirmed once the published rows are deleted (table
     /// mode: a row's commit is confirmed only after its row is gone, or a crash in
@@ -385,11 +394,21 @@ struct Session<'r, P> {
     confirmable: Option<pgwire_replication::Lsn>,
 }
 
+/// The commit being read.
+#[derive(Clone, Copy)]
+struct Open {
+    commit: CommitNo,
+    committed_at: SystemTime,
+    /// Visible before the session began.
+    replayed: bool,
+}
+
 impl<'r, P: Publisher> Session<'r, P> {
-    fn new(relay: &'r CdcRelay<P>) -> Self {
+    fn new(relay: &'r CdcRelay<P>, start: StartSnapshot) -> Self {
         Self {
             relay,
             progress: Progress::default(),
+            start,
             open: None,
             rows: RowDecoder::new(&relay.sql.schema, "outbox"),
             in_flight: FuturesUnordered::new(),
@@ -449,14 +468,19 @@ impl<'r, P: Publisher> Session<'r, P> {
         let sql = &self.relay.sql;
         match event {
             ReplicationEvent::Begin {
-                commit_time_micros, ..
+                xid,
+                commit_time_micros,
+                ..
             } => {
-                let commit = self.progress.begin();
-                self.open = Some((commit, committed_at(commit_time_micros)));
+                self.open = Some(Open {
+                    commit: self.progress.begin(),
+                    committed_at: committed_at(commit_time_micros),
+                    replayed: self.start.saw(xid),
+                });
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
-                if let Some((commit, _)) = self.open.take() {
-                    self.progress.commit(commit, end_lsn);
+                if let Some(open) = self.open.take() {
+                    self.progress.commit(open.commit, end_lsn);
                 }
             }
             ReplicationEvent::Message {
@@ -465,7 +489,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 content,
                 ..
             } if prefix == sql.message_prefix && self.relay.options.mode == CdcMode::Messages => {
-                let (open, committed_at) = match self.open {
+                let open = match self.open {
                     Some(open) if transactional => open,
                     _ => {
                         let reason = "a logical decoding message emitted with transactional = \
@@ -474,12 +498,13 @@ impl<'r, P: Publisher> Session<'r, P> {
                         return self.dead_content(&content, reason).await;
                     }
                 };
-                match encoding::decode(&content, committed_at) {
+                match encoding::decode(&content, open.committed_at) {
                     Ok(message) => self.start(Job {
-                        commit: open,
-                        committed_at,
+                        commit: open.commit,
+                        committed_at: open.committed_at,
                         message,
                         seq: None,
+                        replayed: open.replayed,
                     }),
                     Err(error) => self.dead_content(&content, &error.to_string()).await?,
                 }
@@ -487,16 +512,17 @@ impl<'r, P: Publisher> Session<'r, P> {
             ReplicationEvent::XLogData { data, .. }
                 if self.relay.options.mode == CdcMode::Table =>
             {
-                let Some((open, committed_at)) = self.open else {
+                let Some(open) = self.open else {
                     return Ok(());
                 };
                 match self.rows.decode(&data) {
                     Change::Inserted(row) if row.pending => match row.message {
                         Ok(message) => self.start(Job {
-                            commit: open,
-                            committed_at,
+                            commit: open.commit,
+                            committed_at: open.committed_at,
                             message,
                             seq: Some(row.seq),
+                            replayed: open.replayed,
                         }),
                         Err(reason) => {
                             let placeholder = Message::new("", bytes::Bytes::new());
@@ -556,7 +582,7 @@ impl<'r, P: Publisher> Session<'r, P> {
             Ok(()) => {
                 self.relay.metrics.published(job.committed_at);
                 if let Some(seq) = job.seq {
-                    self.published.push(seq);
+                    self.published.push((seq, job.replayed));
                 }
             }
             Err(error) => {
@@ -592,12 +618,18 @@ impl<'r, P: Publisher> Session<'r, P> {
     /// no published row is left to delete.
     async fn flush(&mut self, client: &ReplicationClient) -> Result<()> {
         let now = tokio::time::Instant::now();
-        let mut seqs = std::mem::take(&mut self.published);
+        let published = std::mem::take(&mut self.published);
+        let replayed: HashSet<i64> = published
+            .iter()
+            .filter_map(|&(seq, replayed)| replayed.then_some(seq))
+            .collect();
+        let mut seqs: Vec<i64> = published.into_iter().map(|(seq, _)| seq).collect();
         seqs.extend(self.unseen.iter().map(|(seq, _)| *seq));
         let missed = self.relay.delete_published(&seqs).await?;
         let first_missed: HashMap<i64, tokio::time::Instant> = self.unseen.drain(..).collect();
         self.unseen = missed
             .into_iter()
+            .filter(|seq| !replayed.contains(seq))
             .map(|seq| (seq, first_missed.get(&seq).copied().unwrap_or(now)))
             .filter(|(_, since)| now.duration_since(*since) < Duration::from_secs(1))
             .collect();
