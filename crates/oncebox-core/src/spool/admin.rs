@@ -111,6 +111,35 @@ pub struct OutboxRow {
     pub message: Message,
 }
 
+/// Which outbox rows a listing shows: every criterion that is set must hold.
+///
+/// New fields may be added before 1.0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowFilter {
+    /// Only rows of this status.
+    pub status: Option<RowStatus>,
+    /// Only rows of this topic.
+    pub topic: Option<String>,
+    /// Only rows of this ordering key.
+    pub key: Option<String>,
+    /// Only the row of this message.
+    pub id: Option<MessageId>,
+    /// Only rows created at or after this time.
+    pub created_from: Option<SystemTime>,
+    /// Only rows created before this time.
+    pub created_until: Option<SystemTime>,
+}
+
+/// How many messages were published in one minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The minute's start.
+    pub minute: SystemTime,
+    /// Rows marked published in that minute (and still kept: retention and
+    /// delete-on-publish remove rows from the count).
+    pub published: u64,
+}
+
 /// Which dead letters an operation applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadLetterSelection {
@@ -168,6 +197,32 @@ pub trait OutboxAdmin: Send + Sync {
         after: Option<i64>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>>> + Send;
+
+    /// Up to `limit` rows that match `filter`, newest first: in descending commit
+    /// order, from the row before position `before` (a [`RowState::seq`]; `None` for
+    /// the newest). Passing the last row's `seq` as `before` reads the next page, which
+    /// costs the same at any depth.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one if a row holds values oncebox did not write.
+    fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRow>>> + Send;
+
+    /// Messages published per minute since `since`, by the database's clock, oldest
+    /// minute first; minutes with none are left out.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn published_per_minute(
+        &self,
+        since: SystemTime,
+    ) -> impl Future<Output = Result<Vec<MinuteCount>>> + Send;
 
     /// Puts the dead message `id` back in line (pending, due now, attempts reset, the
     /// last error kept, its place in commit order kept); whether it was dead.

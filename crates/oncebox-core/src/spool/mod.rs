@@ -27,8 +27,8 @@ mod sink;
 mod store;
 
 pub use admin::{
-    Backlog, DeadLetter, DeadLetterSelection, OutboxAdmin, OutboxRow, OutboxStats, RowState,
-    RowStatus, select_dead_letters,
+    Backlog, DeadLetter, DeadLetterSelection, MinuteCount, OutboxAdmin, OutboxRow, OutboxStats,
+    RowFilter, RowState, RowStatus, select_dead_letters,
 };
 pub use engine::{BatchReport, DeadLetterHook, Spool, SpoolHealth};
 pub use options::{DEFAULT_RETENTION, SpoolOptions};
