@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts, and where missing installs, the services the tests need.
+# Starts, and where missing installs, the services the tests need (and the browser,
+# which the tests start themselves).
 #
 #   scripts/services.sh NAME...
 #   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox chaos`)
@@ -136,6 +137,20 @@ ensure_kafka() {
   wait_for 127.0.0.1 9092 "Kafka (tansu)"
 }
 
+# browser: Debian's Chromium and its WebDriver server, for oncebox-testkit's feature
+# `browser`. Nothing is started here: each test starts its own chromedriver on a free
+# port, which starts its own headless Chromium.
+ensure_browser() {
+  chromedriver --version >/dev/null 2>&1 && command -v chromium >/dev/null && return 0
+  log "installing chromium and chromium-driver (browser tests)"
+  apt_install chromium chromium-driver
+  if ! chromedriver --version >/dev/null 2>&1; then
+    log "chromedriver does not run after installing chromium-driver"
+    return 1
+  fi
+  log "$(chromedriver --version | head -n1)"
+}
+
 # restart NAME: a restart that keeps the service's data, as `oncebox chaos` injects it.
 # Kafka (tansu) keeps its data in memory here: a restart would lose it.
 restart() {
@@ -175,6 +190,7 @@ for service in "$@"; do
     rabbitmq) ensure_rabbitmq ;;
     nats) ensure_nats ;;
     kafka) ensure_kafka ;;
+    browser) ensure_browser ;;
     *) log "unknown service: $service"; exit 2 ;;
   esac
 done
