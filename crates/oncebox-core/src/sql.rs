@@ -1,6 +1,7 @@
 //! What the SQL stores share: the classification of `sqlx` errors (so that `?` on a
-//! `sqlx::Error` in a handler does the right thing), and a reader that names the row and
-//! column a value could not be read from.
+//! `sqlx::Error` in a handler does the right thing), a reader that names the row and
+//! column a value could not be read from, and the conditions of statements built from
+//! the criteria a caller set.
 //!
 //! Compiled with the feature `sqlx` (each SQL store crate turns it on, and the feature of
 //! its database: `sqlite`, `postgres`, `mysql`).
@@ -123,6 +124,33 @@ pub fn fenced(rows_affected: u64) -> Result<(), Error> {
 /// A row count for `LIMIT`, saturating.
 pub fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// The conditions of a statement built from the criteria a caller set (an admin
+/// listing's filter): ` WHERE ` before the first, ` AND ` before the others. Only the
+/// SQL of a condition is pushed as text; its values go in as bound parameters
+/// ([`QueryBuilder::push_bind`](sqlx::QueryBuilder::push_bind)).
+pub struct Conditions<'q, DB: sqlx::Database> {
+    query: &'q mut sqlx::QueryBuilder<DB>,
+    any: bool,
+}
+
+impl<'q, DB: sqlx::Database> Conditions<'q, DB> {
+    /// Conditions appended to `query`, which holds the statement up to its `WHERE`.
+    pub fn new(query: &'q mut sqlx::QueryBuilder<DB>) -> Self {
+        Self { query, any: false }
+    }
+
+    /// Starts a condition with `sql`; the rest of it (an operator, a bound value) is
+    /// pushed on the builder returned.
+    pub fn and(&mut self, sql: impl fmt::Display) -> &mut sqlx::QueryBuilder<DB> {
+        let joint = if std::mem::replace(&mut self.any, true) {
+            " AND "
+        } else {
+            " WHERE "
+        };
+        self.query.push(joint).push(sql)
+    }
 }
 
 /// Reads columns of one row, turning every failure into a [`RowDecodeError`] that names

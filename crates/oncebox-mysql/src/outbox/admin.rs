@@ -13,10 +13,10 @@ use crate::spool::SpoolRow;
 use crate::spool::sql::{DEAD, DONE, PENDING};
 use crate::sql::{NOW_MS, begin_read_committed, query, sql_limit, uuid_bytes};
 
-use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
+use oncebox_core::spool::{Backlog, MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
-struct AdminSql {
+pub(super) struct AdminSql {
     stats: String,
     backlog: String,
     /// `?` after, `?` limit.
@@ -25,6 +25,8 @@ struct AdminSql {
     purge_dead: String,
     /// `?` id: [`status`](Self::status) with the message.
     row: String,
+    /// The listing, up to its `WHERE`: the columns of `row`, from `oncebox_outbox AS t`.
+    pub(super) listing: String,
     /// `?` id → `seq`, `key` of the dead row, locked.
     find_dead: String,
     /// `?` key → the latest live lease of the key's pending rows.
@@ -35,7 +37,21 @@ struct AdminSql {
     status: String,
 }
 
-static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
+/// The columns of a row and its message, from `oncebox_outbox AS t`.
+fn listed_row() -> String {
+    format!(
+        "SELECT t.seq, t.status, t.attempts, t.last_error, t.available_at, t.done_at, t.dead_at,
+  COALESCE((
+    SELECT MAX(c.lease_until)
+    FROM oncebox_claims AS c
+      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
+    WHERE c.spool = '{TABLE}' AND j.seq = t.seq), 0) AS lease_until,
+  t.id, t.topic, t.`key`, t.kind, t.headers, t.payload, t.created_at
+FROM {TABLE} AS t"
+    )
+}
+
+pub(super) static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
     stats: format!(
         "SELECT
   (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS pending,
@@ -57,16 +73,8 @@ static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
 FROM {TABLE} AS t WHERE t.status = {DEAD} AND t.seq > ? ORDER BY t.seq LIMIT ?"
     ),
     purge_dead: format!("DELETE FROM {TABLE} WHERE id = ? AND status = {DEAD}"),
-    row: format!(
-        "SELECT t.seq, t.status, t.attempts, t.last_error, t.available_at, t.done_at, t.dead_at,
-  COALESCE((
-    SELECT MAX(c.lease_until)
-    FROM oncebox_claims AS c
-      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
-    WHERE c.spool = '{TABLE}' AND j.seq = t.seq), 0) AS lease_until,
-  t.id, t.topic, t.`key`, t.kind, t.headers, t.payload, t.created_at
-FROM {TABLE} AS t WHERE t.id = ?"
-    ),
+    row: format!("{} WHERE t.id = ?", listed_row()),
+    listing: listed_row(),
     find_dead: format!(
         "SELECT seq, `key` FROM {TABLE} WHERE id = ? AND status = {DEAD} FOR UPDATE"
     ),
@@ -282,6 +290,20 @@ impl OutboxAdmin for MySqlOutbox {
         self.dead_letters_after(after, limit).await
     }
 
+    /// See [`MySqlOutbox::rows`] for the indexes each filter reads.
+    async fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        MySqlOutbox::rows(self, filter, before, limit).await
+    }
+
+    async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
+        MySqlOutbox::published_per_minute(self, since).await
+    }
+
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
         MySqlOutbox::replay_dead(self, id).await
     }
@@ -309,7 +331,7 @@ fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDe
     })
 }
 
-fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+pub(super) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
     let status: i8 = row.get("status")?;
     let status = match status {
         PENDING => RowStatus::Pending,

@@ -1,6 +1,7 @@
 //! The transactional outbox on MySQL / MariaDB.
 
 mod admin;
+mod listing;
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};

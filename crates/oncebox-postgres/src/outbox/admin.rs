@@ -1,5 +1,7 @@
 //! What operators ask of the outbox: counts, dead letters, replay, one row's state.
 
+use std::time::SystemTime;
+
 use oncebox_core::{Error, Message, MessageId, Result};
 use sqlx::Row;
 
@@ -8,7 +10,7 @@ use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::{SpoolRow, query, sql_limit};
 use crate::time::{from_micros, micros_duration};
 
-use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
+use oncebox_core::spool::{Backlog, MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 impl PgOutbox {
@@ -187,6 +189,20 @@ impl OutboxAdmin for PgOutbox {
         self.dead_letters_after(after, limit).await
     }
 
+    /// See [`PgOutbox::rows`] for the indexes each filter reads.
+    async fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        PgOutbox::rows(self, filter, before, limit).await
+    }
+
+    async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
+        PgOutbox::published_per_minute(self, since).await
+    }
+
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
         PgOutbox::replay_dead(self, id).await
     }
@@ -214,7 +230,7 @@ fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDe
     })
 }
 
-fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+pub(super) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
     let status: String = row.get("status")?;
     let status = match status.as_str() {
         "pending" => RowStatus::Pending,

@@ -2,6 +2,7 @@
 
 mod admin;
 pub(crate) mod debezium;
+mod listing;
 pub(crate) mod sql;
 
 use std::sync::Arc;

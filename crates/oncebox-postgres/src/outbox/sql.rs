@@ -7,7 +7,7 @@ use crate::ident::{
 };
 use crate::spool::sql::{Columns, lock_key};
 use crate::spool::{Layout, SpoolSql};
-use crate::time::{micros_of, micros_param};
+use crate::time::{micros_of, micros_param, millis_param};
 
 use super::debezium::{DebeziumLayout, DebeziumPayload};
 
@@ -35,6 +35,11 @@ pub(crate) struct OutboxSql {
     pub(crate) status: Arc<str>,
     /// `$1` id: `status` with the message.
     pub(crate) row: Arc<str>,
+    /// The parts of the listing statement, which takes the conditions of its filter.
+    pub(crate) listing: ListingSql,
+    /// `$1` age ms → `minute` (minutes since the Unix epoch) and `published`, per minute
+    /// of `done_at` since the database's now less the age, oldest first.
+    pub(crate) published_per_minute: Arc<str>,
     /// The table, for [`PgOutbox::table`](crate::PgOutbox::table).
     pub(crate) table: String,
     /// The notification channel.
@@ -43,6 +48,24 @@ pub(crate) struct OutboxSql {
     pub(crate) topic_prefix: Option<String>,
     /// The payload must be JSON.
     pub(crate) json_payload: bool,
+}
+
+/// The listing of rows ([`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows)),
+/// newest first: its `SELECT` and the expressions its filters compare, over alias `t`.
+/// Only the conditions of the criteria that are set are added, each with a bound value,
+/// and the status as a literal, so that the planner sees which partial index a status
+/// selects whatever plan it caches.
+pub(crate) struct ListingSql {
+    /// `SELECT … FROM table AS t`: the columns of `row`.
+    pub(crate) select: String,
+    pub(crate) seq: String,
+    pub(crate) status: String,
+    /// The column holding the topic (for a Debezium-style table, the aggregate type: the
+    /// topic without the prefix).
+    pub(crate) topic: String,
+    pub(crate) key: String,
+    /// The creation time.
+    pub(crate) created: String,
 }
 
 /// The names of oncebox's own outbox table in `schema`.
@@ -83,7 +106,7 @@ RETURNING seq",
         channel,
         topic_prefix: None,
         json_payload: false,
-        ..admin(&layout, "t.created_at")
+        ..admin(&layout, "t.topic", "t.created_at")
     }
 }
 
@@ -147,7 +170,7 @@ RETURNING oncebox_seq",
         channel,
         topic_prefix: Some(prefix.to_owned()),
         json_payload: !matches!(layout_options.payload_type(), DebeziumPayload::Bytea),
-        ..admin(&layout, &created)
+        ..admin(&layout, "t.aggregatetype", &created)
     }
 }
 
@@ -159,10 +182,26 @@ fn notify_from(channel: Option<&str>) -> String {
     }
 }
 
-/// The statements every layout shares; `created` is the creation time over alias `t`.
-fn admin(layout: &Layout, created: &str) -> OutboxSql {
+/// The statements every layout shares; `topic` is the column holding the topic and
+/// `created` the creation time, over alias `t`.
+fn admin(layout: &Layout, topic: &str, created: &str) -> OutboxSql {
     let c = &layout.col;
     let t = &layout.table;
+    let select = format!(
+        "SELECT t.{seq} AS seq, t.{status} AS status, t.{attempts} AS attempts,
+       t.{last_error} AS last_error, {available_at} AS available_at,
+       {lease_until} AS lease_until, {done_at} AS done_at, {dead_at} AS dead_at, {item}
+FROM {t} AS t",
+        seq = c.seq,
+        status = c.status,
+        attempts = c.attempts,
+        last_error = c.last_error,
+        available_at = micros_of(&format!("t.{}", c.available_at)),
+        lease_until = micros_of(&format!("t.{}", c.lease_until)),
+        done_at = micros_of(&format!("t.{}", c.done_at)),
+        dead_at = micros_of(&format!("t.{}", c.dead_at)),
+        item = layout.item,
+    );
     OutboxSql {
         spool: Arc::new(SpoolSql::build(layout)),
         enqueue: Arc::from(""),
@@ -244,22 +283,26 @@ FROM {t} AS t WHERE t.id = $1::uuid",
             dead_at = micros_of(&format!("t.{}", c.dead_at)),
         )
         .into(),
-        row: format!(
-            "SELECT t.{seq} AS seq, t.{status} AS status, t.{attempts} AS attempts,
-       t.{last_error} AS last_error, {available_at} AS available_at,
-       {lease_until} AS lease_until, {done_at} AS done_at, {dead_at} AS dead_at, {item}
-FROM {t} AS t WHERE t.id = $1::uuid",
-            seq = c.seq,
+        row: format!("{select} WHERE t.id = $1::uuid").into(),
+        published_per_minute: format!(
+            "SELECT floor(extract(epoch FROM t.{done_at}) / 60)::bigint AS minute,
+       count(*) AS published
+FROM {t} AS t
+WHERE t.{status} = 'done' AND t.{done_at} >= statement_timestamp() - {age}
+GROUP BY 1 ORDER BY 1",
+            done_at = c.done_at,
             status = c.status,
-            attempts = c.attempts,
-            last_error = c.last_error,
-            available_at = micros_of(&format!("t.{}", c.available_at)),
-            lease_until = micros_of(&format!("t.{}", c.lease_until)),
-            done_at = micros_of(&format!("t.{}", c.done_at)),
-            dead_at = micros_of(&format!("t.{}", c.dead_at)),
-            item = layout.item,
+            age = millis_param(1),
         )
         .into(),
+        listing: ListingSql {
+            select,
+            seq: format!("t.{}", c.seq),
+            status: format!("t.{}", c.status),
+            topic: topic.to_owned(),
+            key: format!("t.{}", c.key),
+            created: created.to_owned(),
+        },
         table: t.clone(),
         channel: String::new(),
         topic_prefix: None,

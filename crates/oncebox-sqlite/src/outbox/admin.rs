@@ -10,7 +10,7 @@ use super::{SqliteOutbox, sql};
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::spool::{SpoolRow, sql_limit};
 
-use oncebox_core::spool::{Backlog, OutboxAdmin, OutboxRow};
+use oncebox_core::spool::{Backlog, MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 impl SqliteOutbox {
@@ -181,6 +181,20 @@ impl OutboxAdmin for SqliteOutbox {
         self.dead_letters_after(after, limit).await
     }
 
+    /// See [`SqliteOutbox::rows`] for the indexes each filter reads.
+    async fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        SqliteOutbox::rows(self, filter, before, limit).await
+    }
+
+    async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
+        SqliteOutbox::published_per_minute(self, since).await
+    }
+
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
         SqliteOutbox::replay_dead(self, id).await
     }
@@ -208,7 +222,7 @@ fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDe
     })
 }
 
-fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+pub(super) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
     let status: String = row.get("status")?;
     let status = match status.as_str() {
         "pending" => RowStatus::Pending,

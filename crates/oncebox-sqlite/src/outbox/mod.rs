@@ -1,6 +1,7 @@
 //! The transactional outbox on SQLite.
 
 mod admin;
+mod listing;
 mod sql;
 
 use std::sync::Arc;

@@ -127,13 +127,31 @@ SELECT seq, status, attempts, available_at, last_error, done_at, dead_at,
         WHERE j.value = o.seq) AS lease_until
 FROM oncebox_outbox AS o WHERE id = ?1";
 
-/// [`STATUS`] with the message.
-pub(super) const ROW: &str = "\
-SELECT seq, status, attempts, available_at, last_error, done_at, dead_at,
+/// The columns of [`ROW`] and the listing, from `oncebox_outbox AS o`.
+macro_rules! listed_row {
+    () => {
+        "\
+SELECT o.seq, o.status, o.attempts, o.available_at, o.last_error, o.done_at, o.dead_at,
        (SELECT max(c.until) FROM oncebox_outbox_claims AS c, json_each(c.seqs) AS j
         WHERE j.value = o.seq) AS lease_until,
-       id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at
-FROM oncebox_outbox AS o WHERE id = ?1";
+       o.id, o.topic, o.key, o.kind, o.headers, CAST(o.payload AS BLOB) AS payload,
+       o.created_at
+FROM oncebox_outbox AS o"
+    };
+}
+
+/// [`STATUS`] with the message.
+pub(super) const ROW: &str = concat!(listed_row!(), " WHERE o.id = ?1");
+
+/// The listing, up to its `WHERE`: the columns of [`ROW`].
+pub(super) const LISTING: &str = listed_row!();
+
+/// `?1` since (ms) → `minute` (minutes since the Unix epoch) and `published`.
+pub(super) const PUBLISHED_PER_MINUTE: &str = "\
+SELECT done_at / 60000 AS minute, count(*) AS published
+FROM oncebox_outbox INDEXED BY oncebox_outbox_done
+WHERE status = 'done' AND done_at >= ?1
+GROUP BY done_at / 60000 ORDER BY minute";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,162 @@
+//! What the dashboard reads of the outbox: rows newest first, filtered and paged, and
+//! the messages published per minute.
+
+use std::sync::LazyLock;
+use std::time::SystemTime;
+
+use oncebox_core::spool::{MinuteCount, OutboxRow, RowFilter, RowStatus};
+use oncebox_core::sql::Conditions;
+use oncebox_core::time::{from_unix_millis, to_unix_millis};
+use oncebox_core::{Message, Result};
+use sqlx::{MySql, QueryBuilder, Row};
+
+use super::admin::{SQL, decode_state};
+use super::{MySqlOutbox, TABLE};
+use crate::error::{RowReader, store_error};
+use crate::spool::SpoolRow;
+use crate::spool::sql::{DEAD, DONE, PENDING};
+use crate::sql::{NOW_MS, ms_since, query, sql_limit, uuid_bytes};
+
+/// `?` age ms → `minute` (minutes since the Unix epoch) and `published`, per minute of
+/// `done_at` since the database's now less the age.
+static PUBLISHED_PER_MINUTE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT done_at DIV 60000 AS minute, COUNT(*) AS published
+FROM {TABLE}
+WHERE status = {DONE} AND done_at >= {NOW_MS} - ?
+GROUP BY done_at DIV 60000 ORDER BY minute"
+    )
+});
+
+impl MySqlOutbox {
+    /// Up to `limit` rows that match `filter`, newest first, from the row before `before`
+    /// (see [`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows)).
+    ///
+    /// One statement, which reads an index in descending commit order from `before` on,
+    /// so a page costs the same at any depth: with no status, the primary key; with a
+    /// status, the `(status, seq)` index (for done rows too); with a status and a key,
+    /// the `(status, key, seq)` index; with an id, the unique index of ids. Topic, key
+    /// (without a status) and creation time have no index of their own: rows are
+    /// filtered one by one until `limit` match, which reads every row older than
+    /// `before` where matches are rare or none are left.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one with a [`RowDecodeError`](crate::RowDecodeError)
+    /// source if a row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        let rows = listing("", filter, before, limit)
+            .build()
+            .fetch_all(self.pool())
+            .await
+            .map_err(store_error)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get("seq").map_err(store_error)?;
+                let reader = RowReader::new(row, TABLE, format_args!("seq {seq}"));
+                Ok(OutboxRow {
+                    state: decode_state(&reader)?,
+                    message: Message::decode(&reader)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Messages published per minute since `since`, by the database's clock, oldest
+    /// minute first (see
+    /// [`OutboxAdmin::published_per_minute`](oncebox_core::spool::OutboxAdmin::published_per_minute)).
+    /// Reads the `(status, done_at)` index (the retention's) over the rows published
+    /// since `since` only.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
+        let rows = query(&PUBLISHED_PER_MINUTE)
+            .bind(ms_since(since))
+            .fetch_all(self.pool())
+            .await
+            .map_err(store_error)?;
+        rows.iter()
+            .map(|row| {
+                let minute: i64 = row.try_get("minute").map_err(store_error)?;
+                let published: i64 = row.try_get("published").map_err(store_error)?;
+                Ok(MinuteCount {
+                    minute: from_unix_millis(minute.saturating_mul(60_000)),
+                    published: u64::try_from(published).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The listing statement after `prefix`, with a condition for each criterion of
+/// `filter` that is set: the status as a literal, as in every other statement on the
+/// table, every value bound.
+fn listing(
+    prefix: &str,
+    filter: &RowFilter,
+    before: Option<i64>,
+    limit: usize,
+) -> QueryBuilder<MySql> {
+    let mut query = QueryBuilder::new(prefix);
+    query.push(&SQL.listing);
+    let mut conditions = Conditions::new(&mut query);
+    if let Some(status) = filter.status {
+        conditions.and("t.status = ").push(status_literal(status));
+    }
+    if let Some(topic) = &filter.topic {
+        conditions.and("t.topic = ").push_bind(topic.clone());
+    }
+    if let Some(key) = &filter.key {
+        conditions
+            .and("t.`key` = ")
+            .push_bind(key.as_bytes().to_vec());
+    }
+    if let Some(id) = filter.id {
+        conditions
+            .and("t.id = ")
+            .push_bind(uuid_bytes(id.as_uuid()));
+    }
+    if let Some(from) = filter.created_from {
+        conditions
+            .and("t.created_at >= ")
+            .push_bind(to_unix_millis(from));
+    }
+    if let Some(until) = filter.created_until {
+        conditions
+            .and("t.created_at < ")
+            .push_bind(to_unix_millis(until));
+    }
+    if let Some(before) = before {
+        conditions.and("t.seq < ").push_bind(before);
+    }
+    query
+        .push(" ORDER BY t.seq DESC LIMIT ")
+        .push_bind(sql_limit(limit));
+    query
+}
+
+/// The stored value of `status`, as SQL.
+fn status_literal(status: RowStatus) -> String {
+    match status {
+        RowStatus::Pending => PENDING.to_string(),
+        RowStatus::Done => DONE.to_string(),
+        RowStatus::Dead => DEAD.to_string(),
+        // A status this version does not store: no row has it.
+        _ => "NULL".to_owned(),
+    }
+}
