@@ -17,10 +17,14 @@
 //! | `trace` (feature `otel`) | a transport's, an outbox's and an inbox's | one trace from an HTTP request through the relay and the broker to the handler |
 //!
 //! [`proxy`] cuts, stalls and slows one client's connections to its database or broker.
+//! `browser` (feature `browser`) drives a headless Chromium through chromedriver, for
+//! tests of web pages.
 //!
 //! [`checks`] lists every check of each suite, so that a backend's tests run them all, and
 //! holds the compile-time contracts every store meets.
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod checks;
 pub mod dedup;
 pub mod e2e;
