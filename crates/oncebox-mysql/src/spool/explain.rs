@@ -47,7 +47,7 @@ impl SpoolTable {
 }
 
 /// `EXPLAIN` rows as a tab-separated table.
-fn format_plan(rows: &[MySqlRow]) -> String {
+pub(crate) fn format_plan(rows: &[MySqlRow]) -> String {
     use sqlx::{Column, ValueRef};
     let mut text = String::new();
     if let Some(first) = rows.first() {

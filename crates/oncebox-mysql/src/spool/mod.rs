@@ -3,7 +3,7 @@
 //! the algorithm.
 
 mod claims;
-mod explain;
+pub(crate) mod explain;
 mod rule;
 mod script;
 mod settle;
