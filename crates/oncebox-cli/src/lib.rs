@@ -4,7 +4,8 @@
 //!   a broker's messages in a durable inbox table: long-running services for any store
 //!   and broker in the build, with `/metrics`, `/healthz` and `/readyz`, stopped
 //!   gracefully by SIGTERM or SIGINT.
-//! - `oncebox migrate`, `outbox`, `dead-letters` and `inbox` look after the tables.
+//! - `oncebox migrate`, `outbox`, `dead-letters` and `inbox` look after the tables;
+//!   `oncebox dashboard` serves them in a browser (`docs/dashboard.md`).
 //! - `oncebox config check` prints the configuration they run on, secrets hidden.
 //! - `oncebox demo` runs an order → payment system on the embedded default (SQLite and
 //!   the in-process broker) under injected faults and audits every order's charges.
@@ -24,6 +25,7 @@ mod admin;
 mod bench;
 mod chaos;
 mod config;
+mod dashboard;
 mod demo;
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -79,6 +81,9 @@ enum Command {
     /// The inbox tables.
     #[command(subcommand)]
     Inbox(admin::InboxCommand),
+    /// Serve the web dashboard (`[dashboard]`) until stopped: what waits, what failed,
+    /// and the repair of dead letters.
+    Dashboard,
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
     /// Benchmark the relay, its latency, the inbox, the HTTP layer and the dedup stores
@@ -170,6 +175,7 @@ pub fn main() -> ExitCode {
         (Command::ChaosPayments(_), Some(config)) => {
             telemetry::init("info", Tracing::Services(config, "oncebox-chaos-payments"))
         }
+        (Command::Dashboard, _) => telemetry::init("info", Tracing::Off),
         (Command::Chaos(_), _) => telemetry::init("error", Tracing::Off),
         (Command::Bench(_), _) => telemetry::init("error", Tracing::Bench),
         _ => telemetry::init("error", Tracing::Off),
@@ -239,6 +245,7 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
         Command::Outbox(command) => admin::outbox(&config, command).await?,
         Command::DeadLetters(command) => admin::dead_letters(&config, command).await?,
         Command::Inbox(command) => admin::inbox(&config, command).await?,
+        Command::Dashboard => dashboard::run(&config).await?,
         Command::ChaosPayments(args) => chaos::payments(&config, &args).await?,
         Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) => unreachable!("handled above"),
     };

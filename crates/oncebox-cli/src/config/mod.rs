@@ -73,6 +73,8 @@ pub(crate) struct Config {
     pub(crate) http: HttpConfig,
     /// OpenTelemetry export of the services' spans.
     pub(crate) otel: OtelConfig,
+    /// The web dashboard.
+    pub(crate) dashboard: DashboardConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -323,6 +325,124 @@ impl Default for HttpConfig {
         Self {
             listen: "127.0.0.1:9464".to_owned(),
         }
+    }
+}
+
+/// The web dashboard: served by `oncebox dashboard`, and by `oncebox relay` and
+/// `oncebox receive` when `listen` is set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct DashboardConfig {
+    /// Address to serve on; `off` (the default): `relay` and `receive` serve none, and
+    /// `oncebox dashboard` serves on [`DashboardConfig::COMMAND_DEFAULT`].
+    pub(crate) listen: String,
+    /// The path the dashboard is served under, for a reverse proxy that forwards
+    /// `/oncebox/…` as it is: `"/oncebox"`; `""` for the root.
+    pub(crate) base_path: String,
+    /// What operators log in with (`ONCEBOX_DASHBOARD__TOKEN` or `…_TOKEN_FILE`), at
+    /// least [`DashboardConfig::MIN_TOKEN`] characters; the dashboard is not served
+    /// without one.
+    pub(crate) token: Option<Secret>,
+    /// Shows no action and refuses every change (the default): `false` lets operators
+    /// replay and purge dead letters.
+    pub(crate) read_only: bool,
+    /// Marks the session cookie `Secure`, for a dashboard reached over HTTPS.
+    pub(crate) secure_cookie: bool,
+    /// How long a login lasts.
+    pub(crate) session_ttl: Span,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        Self {
+            listen: "off".to_owned(),
+            base_path: String::new(),
+            token: None,
+            read_only: true,
+            secure_cookie: false,
+            session_ttl: Span::secs(12 * 3600),
+        }
+    }
+}
+
+impl DashboardConfig {
+    /// Where `oncebox dashboard` listens when `listen` is `off`.
+    pub(crate) const COMMAND_DEFAULT: &str = "127.0.0.1:9465";
+    /// The shortest token accepted: long enough that guessing it is hopeless.
+    pub(crate) const MIN_TOKEN: usize = 16;
+
+    /// The address `relay` and `receive` serve the dashboard on, or `None` when off.
+    pub(crate) fn address(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.listen == "off" {
+            return Ok(None);
+        }
+        self.listen.parse().map(Some).map_err(|_| {
+            ConfigError::key(
+                "dashboard.listen",
+                format!(
+                    "{:?} is not an address such as {} (or \"off\")",
+                    self.listen,
+                    Self::COMMAND_DEFAULT
+                ),
+            )
+        })
+    }
+
+    /// The base path without its trailing slash: `""` or `"/segment[/segment…]"`.
+    pub(crate) fn base(&self) -> &str {
+        self.base_path.trim_end_matches('/')
+    }
+
+    /// The token, checked: what serving the dashboard needs.
+    pub(crate) fn checked_token(&self) -> Result<&Secret, ConfigError> {
+        let token = self.token.as_ref().ok_or_else(|| {
+            ConfigError::key(
+                "dashboard.token",
+                "the dashboard needs a token to log in with: set ONCEBOX_DASHBOARD__TOKEN or ONCEBOX_DASHBOARD__TOKEN_FILE",
+            )
+        })?;
+        let length = token.expose().chars().count();
+        if length < Self::MIN_TOKEN || token.expose().trim() != token.expose() {
+            return Err(ConfigError::key(
+                "dashboard.token",
+                format!(
+                    "must be at least {} characters, without leading or trailing spaces",
+                    Self::MIN_TOKEN
+                ),
+            ));
+        }
+        Ok(token)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let base = self.base();
+        let segment_ok = |segment: &str| {
+            !segment.is_empty()
+                && segment != "."
+                && segment != ".."
+                && segment
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+        };
+        if !base.is_empty() && !(base.starts_with('/') && base[1..].split('/').all(segment_ok)) {
+            return Err(ConfigError::key(
+                "dashboard.base_path",
+                format!(
+                    "{:?} is not a path such as \"/oncebox\" (segments of letters, digits, - . _ ~)",
+                    self.base_path
+                ),
+            ));
+        }
+        if self.session_ttl.get().is_zero() {
+            return Err(ConfigError::key(
+                "dashboard.session_ttl",
+                "must be above zero",
+            ));
+        }
+        if self.address()?.is_some() {
+            self.checked_token()?;
+        }
+        Ok(())
     }
 }
 
@@ -589,6 +709,7 @@ impl Config {
         }
         self.http.address()?;
         self.otel.validate()?;
+        self.dashboard.validate()?;
         Ok(())
     }
 
@@ -649,7 +770,7 @@ impl Config {
 }
 
 /// The keys whose value may come from a file named by a `…_FILE` variable.
-const SECRETS: [&str; 2] = ["store.password", "broker.password"];
+const SECRETS: [&str; 3] = ["store.password", "broker.password", "dashboard.token"];
 
 /// Where a value from the environment came from, for error messages.
 const FROM_ENVIRONMENT: &str = "the environment";

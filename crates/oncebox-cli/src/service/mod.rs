@@ -26,12 +26,14 @@ use backend::{Broker, Database};
 /// What both services start with, in the order that keeps a bad start harmless: the
 /// listen address bound (an unusable one is a configuration error before anything
 /// connects), the recorder installed (before the engines register their metrics), then
-/// the store and the broker connected (either unreachable: a configuration error).
+/// the store and the broker connected (either unreachable: a configuration error), the
+/// dashboard bound if `dashboard.listen` is set.
 struct Started {
     listener: Option<TcpListener>,
     metrics: PrometheusHandle,
     database: Arc<Database>,
     broker: Arc<Broker>,
+    dashboard: Option<crate::dashboard::Server>,
 }
 
 impl Started {
@@ -43,18 +45,27 @@ impl Started {
         let metrics = http::install_recorder()?;
         let database = Arc::new(Database::connect(config).await?);
         let broker = Arc::new(Broker::connect(config).await?);
+        let dashboard = match config.dashboard.address()? {
+            Some(address) => Some(crate::dashboard::Server::new(config, &database, address).await?),
+            None => None,
+        };
         Ok(Self {
             listener,
             metrics,
             database,
             broker,
+            dashboard,
         })
     }
 
-    /// Serves the HTTP endpoint, if one is configured, with `ready` behind `/readyz`.
+    /// Serves the HTTP endpoint, if one is configured, with `ready` behind `/readyz`,
+    /// and the dashboard, if one is.
     fn serve(&mut self, ready: http::ReadinessCheck) {
         if let Some(listener) = self.listener.take() {
             http::serve(listener, self.metrics.clone(), ready);
+        }
+        if let Some(dashboard) = self.dashboard.take() {
+            dashboard.spawn();
         }
     }
 }

@@ -1,0 +1,77 @@
+//! Form fields and query parameters, `application/x-www-form-urlencoded`, with repeated
+//! names kept (a selection of dead letters is many `id` fields).
+
+use axum::body::Bytes;
+
+/// The name–value pairs of a form body or a query string, in order.
+#[derive(Debug, Default)]
+pub(super) struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Decodes a form body or a query string; undecodable bytes become U+FFFD.
+    pub(super) fn parse(encoded: &[u8]) -> Self {
+        Self(
+            url::form_urlencoded::parse(encoded)
+                .map(|(name, value)| (name.into_owned(), value.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The query string of a request, if any.
+    pub(super) fn query(query: Option<&str>) -> Self {
+        query.map_or_else(Self::default, |query| Self::parse(query.as_bytes()))
+    }
+
+    /// A form body.
+    pub(super) fn body(body: &Bytes) -> Self {
+        Self::parse(body)
+    }
+
+    /// The first value of `name`, trimmed, if it is not empty.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.trim())
+            .filter(|value| !value.is_empty())
+    }
+
+    /// Every non-empty value of `name`.
+    pub(super) fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(field, _)| field == name)
+            .map(|(_, value)| value.trim())
+            .filter(|value| !value.is_empty())
+    }
+}
+
+/// `pairs` as a query string (values percent-encoded), without the `?`.
+pub(super) fn encode<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_names_are_kept_and_empty_values_are_absent() {
+        let fields = Fields::parse(b"id=a&id=b&topic=&key=%20k%20&x=%3Cscript%3E");
+        assert_eq!(fields.all("id").collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(fields.get("topic"), None);
+        assert_eq!(fields.get("key"), Some("k"));
+        assert_eq!(fields.get("x"), Some("<script>"));
+        assert_eq!(fields.get("missing"), None);
+    }
+
+    #[test]
+    fn encoded_pairs_decode_back() {
+        let query = encode([("topic", "a b&c"), ("key", "ü")]);
+        let fields = Fields::parse(query.as_bytes());
+        assert_eq!(fields.get("topic"), Some("a b&c"));
+        assert_eq!(fields.get("key"), Some("ü"));
+    }
+}

@@ -1,0 +1,204 @@
+//! The web dashboard: what waits in the outbox, what failed and why, and the repair of
+//! dead letters, in a browser.
+//!
+//! Served by `oncebox dashboard`, and by `oncebox relay` and `oncebox receive` when
+//! `dashboard.listen` is set, for any store in the build through [`OutboxAdmin`]. Pages
+//! are rendered on the server (maud escapes every value), use no JavaScript, and every
+//! asset is embedded in the binary.
+//!
+//! Security: nothing is served without `dashboard.token`; an operator logs in with it
+//! and gets an `HttpOnly`, `SameSite=Strict` session cookie; every form that changes
+//! data carries the session's CSRF token, checked before anything is done; with
+//! `dashboard.read_only` (the default) no action is shown and every change is refused; responses
+//! forbid scripts and framing (`Content-Security-Policy`) and caching.
+//!
+//! [`OutboxAdmin`]: oncebox::spool::OutboxAdmin
+
+mod actions;
+mod failures;
+mod form;
+mod pages;
+mod session;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ConfigError, DashboardConfig};
+use crate::service::backend::{AnyOutbox, Database};
+use session::Sessions;
+
+/// What every handler reads.
+struct Dashboard {
+    outbox: AnyOutbox,
+    /// `""` or `"/segment…"`: prefixed to every link.
+    base: String,
+    read_only: bool,
+    sessions: Sessions,
+}
+
+type Shared = State<Arc<Dashboard>>;
+
+/// The dashboard, ready to serve: its listener bound and its store open.
+pub(crate) struct Server {
+    listener: TcpListener,
+    app: Router,
+}
+
+impl Server {
+    /// Binds `address` and builds the dashboard over `database`'s outbox.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] if the address cannot be bound, the token is missing or
+    /// weak, or the outbox cannot be opened.
+    pub(crate) async fn new(
+        config: &Config,
+        database: &Database,
+        address: SocketAddr,
+    ) -> Result<Self, ConfigError> {
+        let settings = &config.dashboard;
+        let token = settings.checked_token()?.clone();
+        let listener = TcpListener::bind(address).await.map_err(|error| {
+            ConfigError::key(
+                "dashboard.listen",
+                format!("cannot listen on {address}: {error}"),
+            )
+        })?;
+        let dashboard = Arc::new(Dashboard {
+            outbox: database.outbox(config)?,
+            base: settings.base().to_owned(),
+            read_only: settings.read_only,
+            sessions: Sessions::new(token, settings.session_ttl.get(), settings.secure_cookie),
+        });
+        Ok(Self {
+            listener,
+            app: router(dashboard),
+        })
+    }
+
+    /// The address it listens on.
+    pub(crate) fn address(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until the process ends or `shutdown` completes.
+    pub(crate) async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, self.app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+
+    /// Serves in the background for as long as the process runs (beside a relay or a
+    /// receiver).
+    pub(crate) fn spawn(self) {
+        if let Ok(address) = self.address() {
+            tracing::info!(%address, "serving the dashboard");
+        }
+        tokio::spawn(async move {
+            if let Err(error) = self.serve(std::future::pending()).await {
+                tracing::error!(%error, "the dashboard stopped");
+            }
+        });
+    }
+}
+
+/// `oncebox dashboard`: serves only the dashboard, until SIGTERM or SIGINT.
+pub(crate) async fn run(config: &Config) -> anyhow::Result<std::process::ExitCode> {
+    let address = match config.dashboard.address()? {
+        Some(address) => address,
+        None => DashboardConfig::COMMAND_DEFAULT
+            .parse()
+            .expect("the default address parses"),
+    };
+    let mut signals = crate::service::stop::Signals::listen()
+        .map_err(|error| anyhow::anyhow!("cannot listen to SIGTERM and SIGINT: {error}"))?;
+    let database = Database::connect(config).await?;
+    let server = Server::new(config, &database, address).await?;
+    let address = server.address()?;
+    tracing::info!(%address, base = config.dashboard.base(), "serving the dashboard");
+    eprintln!(
+        "oncebox dashboard: http://{address}{}/",
+        config.dashboard.base()
+    );
+    server
+        .serve(async move {
+            let signal = signals.next().await;
+            tracing::info!(signal, "stopping the dashboard");
+        })
+        .await?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Every route under the base path: `{base}/` is the overview, and `{base}` alone
+/// sends a browser there.
+fn router(dashboard: Arc<Dashboard>) -> Router {
+    let base = dashboard.base.clone();
+    let at = |path: &str| format!("{base}{path}");
+    let pages = Router::new()
+        .route(&at("/"), get(pages::overview))
+        .route(&at("/messages"), get(pages::messages))
+        .route(&at("/messages/{id}"), get(pages::message))
+        .route(&at("/failures"), get(pages::failures))
+        .route(&at("/failures/group"), get(pages::failure_group))
+        .route(&at("/actions/confirm"), post(actions::confirm))
+        .route(&at("/actions/apply"), post(actions::apply))
+        .route(&at("/logout"), post(session::logout))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&dashboard),
+            session::require,
+        ));
+    let mut open = Router::new()
+        .route(&at("/login"), get(session::login_page).post(session::login))
+        .route(&at("/assets/style.css"), get(view::stylesheet));
+    if !base.is_empty() {
+        let home = at("/");
+        open = open.route(&base, get(move || async move { Redirect::to(&home) }));
+    }
+    pages
+        .merge(open)
+        .with_state(dashboard)
+        .fallback(not_found)
+        .layer(middleware::from_fn(protect))
+}
+
+async fn not_found(method: Method) -> Response {
+    let status = if method == Method::GET {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::METHOD_NOT_ALLOWED
+    };
+    (status, "not found\n").into_response()
+}
+
+/// Headers on every response: no script may run, no other site may frame or read the
+/// pages, and nothing is cached (pages show live data and the CSRF token).
+async fn protect(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
