@@ -893,4 +893,37 @@ mod tests {
         let error = Config::load_from_text(text, &[]).expect_err("too many workers");
         assert!(error.0.starts_with("store.pool_size:"), "{error}");
     }
+
+    #[test]
+    fn a_served_dashboard_needs_a_strong_token_and_a_clean_base_path() {
+        let load = |dashboard: &str, vars: &[(String, String)]| {
+            Config::load_from_text(&format!("[dashboard]\n{dashboard}\n"), vars)
+        };
+        let off = load("", &[]).expect("off by default: no token needed");
+        assert!(off.dashboard.read_only, "read-only by default");
+        let error = load("listen = \"127.0.0.1:9465\"", &[]).expect_err("no token");
+        assert!(error.0.starts_with("dashboard.token:"), "{error}");
+        let error = load("listen = \"127.0.0.1:9465\"\ntoken = \"short\"", &[])
+            .expect_err("a short token");
+        assert!(error.0.contains("at least 16"), "{error}");
+
+        let dir = tempfile::tempdir().expect("a directory");
+        let file = dir.path().join("token");
+        std::fs::write(&file, "a-token-from-a-file\n").expect("written");
+        let vars = [(
+            "ONCEBOX_DASHBOARD__TOKEN_FILE".to_owned(),
+            file.display().to_string(),
+        )];
+        let config = load("listen = \"127.0.0.1:9465\"", &vars).expect("a token from a file");
+        let token = config.dashboard.checked_token().expect("strong enough");
+        assert_eq!(token.expose(), "a-token-from-a-file");
+        assert!(!config.to_toml().contains("a-token-from-a-file"), "never printed");
+
+        for base in ["ops", "/a//b", "/a/../b", "/<x>", "/a b"] {
+            let error = load(&format!("base_path = {base:?}"), &[]).expect_err(base);
+            assert!(error.0.starts_with("dashboard.base_path:"), "{base}: {error}");
+        }
+        let config = load("base_path = \"/ops/oncebox/\"", &[]).expect("a clean path");
+        assert_eq!(config.dashboard.base(), "/ops/oncebox");
+    }
 }
