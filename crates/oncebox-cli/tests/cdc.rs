@@ -215,9 +215,10 @@ status_interval = "100ms"
         seen.len()
     );
     // What each of the four kills left unconfirmed: the messages in flight and those
-    // confirmed by the broker within the last status interval (at most a few hundred
-    // here).
-    assert!(duplicates <= 4 * (IN_FLIGHT + 2_000), "{duplicates} copies");
+    // confirmed by the broker within the last status interval (a few hundred here: a
+    // whole run copies 300 to 400 on Kafka). A takeover that held confirmations back
+    // while it replayed made each kill copy nearly all its reader had published.
+    assert!(duplicates <= 4 * (IN_FLIGHT + 500), "{duplicates} copies");
     if source == Source::Table {
         wait_for("published rows deleted", Duration::from_secs(30), || {
             (psql(&format!("SELECT count(*) FROM {schema}.outbox")) == "0").then_some(())
