@@ -38,7 +38,8 @@ pub(crate) struct OutboxSql {
     /// The parts of the listing statement, which takes the conditions of its filter.
     pub(crate) listing: ListingSql,
     /// `$1` age ms → `minute` (minutes since the Unix epoch) and `published`, per minute
-    /// of `done_at` since the database's now less the age, oldest first.
+    /// of `done_at` since the database's now less the age, oldest first, from the minute
+    /// of the first row published since then (none if there is none).
     pub(crate) published_per_minute: Arc<str>,
     /// The table, for [`PgOutbox::table`](crate::PgOutbox::table).
     pub(crate) table: String,
@@ -284,12 +285,25 @@ FROM {t} AS t WHERE t.id = $1::uuid",
         )
         .into(),
         row: format!("{select} WHERE t.id = $1::uuid").into(),
+        // One count per minute, each over its range of the index of done rows by time:
+        // grouping by an expression of `done_at` instead sorts every row of the range
+        // (the planner takes each time for a group of its own), on disk past
+        // `work_mem`, which doubled the time of an hour of 3.5 million rows.
         published_per_minute: format!(
-            "SELECT floor(extract(epoch FROM t.{done_at}) / 60)::bigint AS minute,
-       count(*) AS published
-FROM {t} AS t
-WHERE t.{status} = 'done' AND t.{done_at} >= statement_timestamp() - {age}
-GROUP BY 1 ORDER BY 1",
+            "WITH since AS MATERIALIZED (SELECT statement_timestamp() - {age} AS at),
+first AS MATERIALIZED (
+  SELECT min(t.{done_at}) AS at FROM {t} AS t, since
+  WHERE t.{status} = 'done' AND t.{done_at} >= since.at)
+SELECT floor(extract(epoch FROM m.start) / 60)::bigint AS minute, c.published
+FROM since, first,
+  generate_series(to_timestamp(floor(extract(epoch FROM first.at) / 60) * 60),
+                  statement_timestamp(), interval '1 minute') AS m (start),
+  LATERAL (
+    SELECT count(*) AS published FROM {t} AS t
+    WHERE t.{status} = 'done' AND t.{done_at} >= greatest(m.start, since.at)
+      AND t.{done_at} < m.start + interval '1 minute') AS c
+WHERE c.published > 0
+ORDER BY m.start",
             done_at = c.done_at,
             status = c.status,
             age = millis_param(1),
