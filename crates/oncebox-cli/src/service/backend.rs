@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use oncebox::postgres::sqlx::postgres::PgConnectOptions;
 use oncebox::postgres::{DebeziumLayout, PgStore};
 use oncebox::spool::{
-    Backlog, ClaimRequest, Claimed, DeadLetter, LeaseToken, OutboxAdmin, OutboxRow, OutboxStats,
-    Settlement, SpoolStore,
+    Backlog, ClaimRequest, Claimed, DeadLetter, LeaseToken, MinuteCount, OutboxAdmin, OutboxRow,
+    OutboxStats, RowFilter, Settlement, SpoolStore,
 };
 use oncebox::sqlite::SqliteStore;
 use oncebox::store::InboxStore;
@@ -286,6 +286,19 @@ impl OutboxAdmin for AnyOutbox {
 
     async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
         each_outbox!(self, outbox => OutboxAdmin::dead_letters(outbox, after, limit).await)
+    }
+
+    async fn rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        each_outbox!(self, outbox => OutboxAdmin::rows(outbox, filter, before, limit).await)
+    }
+
+    async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
+        each_outbox!(self, outbox => OutboxAdmin::published_per_minute(outbox, since).await)
     }
 
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
