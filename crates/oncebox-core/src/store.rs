@@ -13,6 +13,10 @@ use bytes::Bytes;
 use crate::spool::{LeaseToken, SpoolStore};
 use crate::{Received, Result};
 
+mod dedup_record;
+
+pub use dedup_record::{DedupRecord, DedupState};
+
 /// A store whose writes can share a database transaction with a handler's writes.
 pub trait Transactional: Send + Sync {
     /// The transaction handed to handlers (for SQL stores, a `sqlx::Transaction`).
@@ -206,6 +210,10 @@ pub enum Begin {
 ///   changes nothing. `extend` moves the end of the lease to `lease` from now.
 /// - A completed id answers `Completed` until its TTL ends; an in-memory store may evict
 ///   earlier only when over capacity, oldest first, and never refuses an insert.
+/// - `inspect` reports a record exactly while `begin` would not start the id: in
+///   progress with its lease end and token, or completed with its result and expiry.
+///   An in-progress record expires with its lease, so an ended lease is reported as no
+///   record (the id is free), never as a lease in the past.
 pub trait DedupStore: Send + Sync {
     /// Tries to take `id` for `lease`.
     ///
@@ -249,6 +257,20 @@ pub trait DedupStore: Send + Sync {
     ///
     /// [`Error::LeaseLost`](crate::Error::LeaseLost) for a stale token; a store error.
     fn abandon(&self, id: &str, token: FencingToken) -> impl Future<Output = Result<()>> + Send;
+
+    /// The record of `id` as the store holds it now; `None` if there is none (never
+    /// seen, abandoned, or expired, including an in-progress record whose lease ended).
+    /// Read-only: it changes no record and takes no lease, so operators may call it at
+    /// any time. Times are on the caller's clock (see [`DedupRecord`]).
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    fn inspect(&self, id: &str) -> impl Future<Output = Result<Option<DedupRecord>>> + Send;
 
     /// Deletes at most `limit` expired records; returns how many. Stores that expire
     /// records by themselves (Redis TTL, memory) return 0.

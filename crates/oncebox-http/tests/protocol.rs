@@ -319,6 +319,13 @@ impl DedupStore for Junk {
     ) -> oncebox_core::Result<()> {
         Ok(())
     }
+
+    async fn inspect(
+        &self,
+        _id: &str,
+    ) -> oncebox_core::Result<Option<oncebox_core::store::DedupRecord>> {
+        Ok(None)
+    }
 }
 
 #[tokio::test]
@@ -521,6 +528,13 @@ impl DedupStore for AtCapacity {
         _token: oncebox_core::store::FencingToken,
     ) -> oncebox_core::Result<()> {
         Ok(())
+    }
+
+    async fn inspect(
+        &self,
+        _id: &str,
+    ) -> oncebox_core::Result<Option<oncebox_core::store::DedupRecord>> {
+        Ok(None)
     }
 }
 

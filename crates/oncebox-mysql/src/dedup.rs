@@ -1,9 +1,9 @@
 //! The idempotent receiver's dedup store on MySQL / MariaDB.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use oncebox_core::sql::fenced;
-use oncebox_core::store::{Begin, DedupStore, FencingToken};
+use oncebox_core::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::Row;
 use sqlx::mysql::MySqlPool;
@@ -39,6 +39,18 @@ const HELD: &str = concat!(
     "SELECT state, result, GREATEST(0, lease_until - ",
     now_ms!(),
     ") AS lease_left_ms
+FROM oncebox_dedup WHERE id = ? AND expires_at > ",
+    now_ms!()
+);
+
+/// `?` id → `state`, `token`, `result`, `lease_left_ms`, `expires_left_ms`, unless
+/// expired.
+const INSPECT: &str = concat!(
+    "SELECT state, token, result, lease_until - ",
+    now_ms!(),
+    " AS lease_left_ms, expires_at - ",
+    now_ms!(),
+    " AS expires_left_ms
 FROM oncebox_dedup WHERE id = ? AND expires_at > ",
     now_ms!()
 );
@@ -91,6 +103,9 @@ const PURGE: &str = concat!(
 /// record expired and was purged. Leases and TTLs are measured on the database's clock,
 /// so workers on hosts with skewed clocks agree. Expired records answer as absent;
 /// [`purge_expired`](DedupStore::purge_expired) deletes them in bounded batches.
+///
+/// [`inspect`](DedupStore::inspect) reads the time left on the lease and before expiry
+/// on the database's clock and adds it to the caller's now.
 ///
 /// Ids are compared byte for byte and hold at most 1024 bytes.
 #[derive(Debug, Clone)]
@@ -206,6 +221,47 @@ impl DedupStore for MySqlDedupStore {
             .await
             .map_err(store_error)?;
         fenced(deleted.rows_affected())
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        let row = query(INSPECT)
+            .bind(id.as_bytes().to_vec())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let now = SystemTime::now();
+        let after = |ms: i64| now + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
+        let token: u64 = reader.get("token")?;
+        let expires_left: i64 = reader.get("expires_left_ms")?;
+        let state: String = reader.get("state")?;
+        let state = match state.as_str() {
+            "in_progress" => {
+                let left: Option<i64> = reader.get("lease_left_ms")?;
+                DedupState::InProgress {
+                    lease_until: after(left.unwrap_or(expires_left)),
+                }
+            }
+            "completed" => {
+                let result: Option<Vec<u8>> = reader.get("result")?;
+                DedupState::Completed {
+                    result: result.map(Bytes::from).unwrap_or_default(),
+                }
+            }
+            other => {
+                return Err(reader
+                    .error("state", format_args!("unknown state {other:?}"))
+                    .into());
+            }
+        };
+        Ok(Some(DedupRecord::new(
+            state,
+            FencingToken(token),
+            Some(after(expires_left)),
+        )))
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

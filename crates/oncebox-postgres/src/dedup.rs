@@ -1,10 +1,10 @@
 //! The idempotent receiver's dedup store on PostgreSQL.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use oncebox_core::sql::fenced;
-use oncebox_core::store::{Begin, DedupStore, FencingToken};
+use oncebox_core::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::Row;
 use sqlx::postgres::PgPool;
@@ -12,7 +12,7 @@ use sqlx::postgres::PgPool;
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::ident::qualified;
 use crate::spool::{query, sql_limit};
-use crate::time::{duration_ms, millis_param};
+use crate::time::{duration_ms, micros_duration, millis_param};
 
 /// Attempts of `begin` when the record it conflicted with disappears before it can be
 /// read (abandoned, purged): each attempt is one insert and one read.
@@ -25,6 +25,8 @@ pub(crate) struct DedupSql {
     take: Arc<str>,
     /// `$1` id → state, lease left (ms), result.
     held: Arc<str>,
+    /// `$1` id → state, token, result, lease left and expiry left (µs), if not expired.
+    inspect: Arc<str>,
     /// `$1` id, `$2` token, `$3` result, `$4` ttl ms.
     complete: Arc<str>,
     /// `$1` id, `$2` token, `$3` lease ms.
@@ -57,6 +59,15 @@ RETURNING token",
                 "SELECT state, result,
        greatest(0, (extract(epoch FROM lease_until - statement_timestamp()) * 1000)::bigint)
          AS lease_left_ms
+FROM {t} WHERE id = $1 AND expires_at > statement_timestamp()"
+            )
+            .into(),
+            inspect: format!(
+                "SELECT state, token, result,
+       (extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint
+         AS lease_left_us,
+       (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint
+         AS expires_left_us
 FROM {t} WHERE id = $1 AND expires_at > statement_timestamp()"
             )
             .into(),
@@ -106,7 +117,9 @@ WHERE id = $1 AND token = $2 AND state = 'in_progress'
 /// twice, even for an id whose record expired and was purged. Leases and TTLs are
 /// measured on the database's clock, so workers on hosts with skewed clocks agree.
 /// Expired records answer as absent; [`purge_expired`](DedupStore::purge_expired)
-/// deletes them in bounded batches.
+/// deletes them in bounded batches. [`inspect`](DedupStore::inspect) reads the time
+/// left on the lease and before expiry on the database's clock and adds it to the
+/// caller's now.
 #[derive(Debug, Clone)]
 pub struct PgDedupStore {
     pool: PgPool,
@@ -220,6 +233,48 @@ impl DedupStore for PgDedupStore {
             .await
             .map_err(store_error)?;
         fenced(deleted.rows_affected())
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        let row = query(&self.sql.inspect)
+            .bind(id.to_owned())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let now = SystemTime::now();
+        let reader = RowReader::new(&row, &self.sql.display, format_args!("id {id}"));
+        let token: i64 = reader.get("token")?;
+        let token = u64::try_from(token)
+            .map_err(|_| reader.error("token", format_args!("{token} is not a valid token")))?;
+        let expires_left: i64 = reader.get("expires_left_us")?;
+        let state: String = reader.get("state")?;
+        let state = match state.as_str() {
+            "in_progress" => {
+                let left: Option<i64> = reader.get("lease_left_us")?;
+                DedupState::InProgress {
+                    lease_until: now + micros_duration(left.unwrap_or(expires_left)),
+                }
+            }
+            "completed" => {
+                let result: Option<Vec<u8>> = reader.get("result")?;
+                DedupState::Completed {
+                    result: result.map(Bytes::from).unwrap_or_default(),
+                }
+            }
+            other => {
+                return Err(reader
+                    .error("state", format_args!("unknown state {other:?}"))
+                    .into());
+            }
+        };
+        Ok(Some(DedupRecord::new(
+            state,
+            FencingToken(token),
+            Some(now + micros_duration(expires_left)),
+        )))
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

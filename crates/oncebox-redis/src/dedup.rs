@@ -2,9 +2,9 @@
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use oncebox_core::store::{Begin, DedupStore, FencingToken};
+use oncebox_core::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
 use oncebox_core::{Bytes, Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -18,6 +18,8 @@ static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dedup_extend.lua")));
 static ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dedup_abandon.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dedup_inspect.lua")));
 
 /// The key prefix used unless [`RedisDedupStore::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "oncebox:";
@@ -45,12 +47,19 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// # Atomicity
 ///
-/// `begin`, `extend`, `complete` and `abandon` are Lua scripts (`EVALSHA`, loaded on first use and
+/// `begin`, `extend`, `complete`, `abandon` and `inspect` are Lua scripts (`EVALSHA`, loaded on first use and
 /// again after a server restart), so each is one atomic step on the server: of concurrent
 /// `begin`s exactly one starts, and `complete` or `abandon` with a token that no longer
 /// holds the id changes nothing and fails with [`Error::LeaseLost`].
 ///
 /// Tokens are compared as Lua numbers, exact up to 2^53 issued tokens.
+///
+/// # Inspecting
+///
+/// [`inspect`](DedupStore::inspect) reads the record and its `PTTL` in one step and
+/// reports the expiry as the time left added to the caller's now. A completed record
+/// without an expiry (removed by hand) is reported with `expires_at: None`; an in-progress
+/// record without one, which `begin` takes over as free, is reported as no record.
 ///
 /// # Durability and clusters
 ///
@@ -202,6 +211,47 @@ pub(crate) fn decode_begin(reply: Value) -> Result<Begin> {
     }
 }
 
+/// The reply of the inspect script; `now` is the caller's clock when it came.
+pub(crate) fn decode_inspect(reply: Value, now: SystemTime) -> Result<Option<DedupRecord>> {
+    let items = match reply {
+        Value::Nil => return Ok(None),
+        Value::Array(items) => items,
+        other => return Err(unexpected("inspect", &other)),
+    };
+    let [state, token, result, Value::Int(left)] = items.as_slice() else {
+        return Err(unexpected("inspect", &Value::Array(items)));
+    };
+    let expires_at = u64::try_from(*left)
+        .ok()
+        .map(|ms| now + Duration::from_millis(ms));
+    let state = match (state, expires_at) {
+        (Value::BulkString(s), Some(lease_until)) if s == b"p" => {
+            DedupState::InProgress { lease_until }
+        }
+        // A lease without an expiry, or a state begin does not know: free to `begin`.
+        (Value::BulkString(s), _) if s != b"c" => return Ok(None),
+        (Value::BulkString(_), _) => DedupState::Completed {
+            result: match result {
+                Value::BulkString(result) => Bytes::copy_from_slice(result),
+                _ => Bytes::new(),
+            },
+        },
+        _ => return Err(unexpected("inspect", &Value::Array(items))),
+    };
+    let token = match token {
+        Value::BulkString(token) => std::str::from_utf8(token)
+            .ok()
+            .and_then(|token| token.parse().ok()),
+        _ => None,
+    }
+    .ok_or_else(|| unexpected("inspect", token))?;
+    Ok(Some(DedupRecord::new(
+        state,
+        FencingToken(token),
+        expires_at,
+    )))
+}
+
 pub(crate) fn decode_finish(script: &str, reply: Value) -> Result<()> {
     match reply {
         Value::Int(1) => Ok(()),
@@ -260,6 +310,11 @@ impl DedupStore for RedisDedupStore {
             .await?;
         decode_finish("abandon", reply)
     }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        let reply = self.run(&INSPECT.key(self.keys.record(id))).await?;
+        decode_inspect(reply, SystemTime::now())
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +356,38 @@ mod tests {
             Err(Error::LeaseLost)
         ));
         assert!(decode_finish("abandon", Value::Int(1)).is_ok());
+    }
+
+    #[test]
+    fn decodes_inspect_replies() {
+        let now = SystemTime::now();
+        let reply = |state: &[u8], ttl: i64| {
+            Value::Array(vec![
+                Value::BulkString(state.to_vec()),
+                Value::BulkString(b"12".to_vec()),
+                Value::BulkString(b"ok".to_vec()),
+                Value::Int(ttl),
+            ])
+        };
+        let in_1s = now + Duration::from_secs(1);
+        assert_eq!(
+            decode_inspect(reply(b"p", 1000), now).ok(),
+            Some(Some(DedupRecord::new(
+                DedupState::InProgress { lease_until: in_1s },
+                FencingToken(12),
+                Some(in_1s)
+            )))
+        );
+        let completed = DedupState::Completed {
+            result: Bytes::from_static(b"ok"),
+        };
+        assert_eq!(
+            decode_inspect(reply(b"c", -1), now).ok(),
+            Some(Some(DedupRecord::new(completed, FencingToken(12), None)))
+        );
+        assert_eq!(decode_inspect(reply(b"p", -1), now).ok(), Some(None));
+        assert_eq!(decode_inspect(Value::Nil, now).ok(), Some(None));
+        assert!(decode_inspect(Value::Int(1), now).is_err());
     }
 
     #[test]

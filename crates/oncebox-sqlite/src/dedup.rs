@@ -3,8 +3,8 @@
 use std::time::{Duration, SystemTime};
 
 use oncebox_core::sql::fenced;
-use oncebox_core::store::{Begin, DedupStore, FencingToken};
-use oncebox_core::time::{duration_millis, to_unix_millis};
+use oncebox_core::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
+use oncebox_core::time::{duration_millis, from_unix_millis, to_unix_millis};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::sqlite::SqlitePool;
 
@@ -28,6 +28,11 @@ RETURNING token";
 const NEXT_TOKEN: &str = "UPDATE oncebox_dedup_tokens SET next = next + 1 WHERE id = 0";
 
 const HELD: &str = "SELECT state, lease_until, result FROM oncebox_dedup WHERE id = ?1";
+
+/// `?1` id, `?2` now: the record unless it expired.
+const INSPECT: &str = "\
+SELECT state, token, lease_until, result, expires_at FROM oncebox_dedup
+WHERE id = ?1 AND expires_at > ?2";
 
 /// `?1` id, `?2` token, `?3` result, `?4` expires at, `?5` now.
 const COMPLETE: &str = "\
@@ -60,6 +65,7 @@ DELETE FROM oncebox_dedup WHERE id IN (
 /// bounded batches.
 ///
 /// Times are the wall clocks of the processes sharing the database; keep them in sync.
+/// [`inspect`](DedupStore::inspect) reports the stored times as they are.
 #[derive(Debug, Clone)]
 pub struct SqliteDedupStore {
     pool: SqlitePool,
@@ -176,6 +182,48 @@ impl DedupStore for SqliteDedupStore {
             .await
             .map_err(store_error)?;
         fenced(deleted.rows_affected())
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        let row = sqlx::query(INSPECT)
+            .bind(id.to_owned())
+            .bind(to_unix_millis(SystemTime::now()))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
+        let token: i64 = reader.get("token")?;
+        let token = u64::try_from(token)
+            .map_err(|_| reader.error("token", format_args!("{token} is not a valid token")))?;
+        let expires_at: i64 = reader.get("expires_at")?;
+        let state: String = reader.get("state")?;
+        let state = match state.as_str() {
+            "in_progress" => {
+                let until: Option<i64> = reader.get("lease_until")?;
+                DedupState::InProgress {
+                    lease_until: from_unix_millis(until.unwrap_or(expires_at)),
+                }
+            }
+            "completed" => {
+                let result: Option<Vec<u8>> = reader.get("result")?;
+                DedupState::Completed {
+                    result: result.map(Bytes::from).unwrap_or_default(),
+                }
+            }
+            other => {
+                return Err(reader
+                    .error("state", format_args!("unknown state {other:?}"))
+                    .into());
+            }
+        };
+        Ok(Some(DedupRecord::new(
+            state,
+            FencingToken(token),
+            Some(from_unix_millis(expires_at)),
+        )))
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

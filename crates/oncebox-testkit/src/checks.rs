@@ -91,6 +91,8 @@ macro_rules! dedup_checks {
             abandon_frees_at_once,
             ttl_expiry_frees_id,
             extend_is_fenced,
+            inspect_follows_each_state,
+            inspect_forgets_expired_records,
             receiver_runs_handler_once,
             receiver_failure_frees_id,
             receiver_keeps_its_lease_while_the_handler_runs,

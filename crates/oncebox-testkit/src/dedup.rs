@@ -26,6 +26,8 @@
 //! | [`abandon_frees_at_once`] | `abandon` frees the id immediately; tokens only grow |
 //! | [`ttl_expiry_frees_id`] | a completed id is free again after its TTL |
 //! | [`extend_is_fenced`] | `extend` moves the holder's lease; a stale token, an ended lease or a completed id cannot extend |
+//! | [`inspect_follows_each_state`] | `inspect` reports nothing, then in progress (token, lease end), then completed (result, expiry), then nothing after `abandon` |
+//! | [`inspect_forgets_expired_records`] | `inspect` reports no record once its lease or TTL ended, purged or not |
 //! | [`receiver_runs_handler_once`] | [`IdempotentReceiver`] with concurrent duplicates on 8 workers runs the handler once |
 //! | [`receiver_failure_frees_id`] | a failed handler frees the id, so the redelivery runs it again |
 //! | [`receiver_keeps_its_lease_while_the_handler_runs`] | a handler slower than its lease keeps the id: a copy meanwhile waits, never runs beside it |
@@ -42,8 +44,10 @@ use tokio::sync::Barrier;
 
 use crate::support::{ok, within};
 
+mod inspect;
 mod receiver;
 
+pub use inspect::{inspect_follows_each_state, inspect_forgets_expired_records};
 pub use receiver::{
     receiver_failure_frees_id, receiver_keeps_its_lease_while_the_handler_runs,
     receiver_runs_handler_once,

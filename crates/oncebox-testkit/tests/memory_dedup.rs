@@ -41,7 +41,7 @@ mod broken {
 
     use oncebox_core::Result;
     use oncebox_core::memory::MemoryDedupStore;
-    use oncebox_core::store::{Begin, DedupStore, FencingToken};
+    use oncebox_core::store::{Begin, DedupRecord, DedupStore, FencingToken};
     use oncebox_testkit::dedup::{self, DedupHarness};
 
     #[derive(Clone, Copy)]
@@ -105,6 +105,10 @@ mod broken {
 
         async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
             self.inner.abandon(id, self.token(id, token)).await
+        }
+
+        async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+            self.inner.inspect(id).await
         }
     }
 

@@ -5,12 +5,12 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::store::{Begin, DedupStore, FencingToken};
+use crate::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
 use crate::{Error, Result};
 
 const SHARDS: usize = 16;
@@ -28,7 +28,8 @@ const SHARDS: usize = 16;
 /// your TTL window holds and refusals stay at zero.
 ///
 /// Times follow `tokio::time`, so tests with a paused clock can move through leases and
-/// TTLs instantly. Lookups take a lock on one of 16 shards.
+/// TTLs instantly; [`inspect`](DedupStore::inspect) reports them as the time left added
+/// to [`SystemTime::now`]. Lookups take a lock on one of 16 shards.
 pub struct MemoryDedupStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -57,8 +58,15 @@ struct Slot {
 }
 
 enum State {
-    InProgress { token: FencingToken, until: Instant },
-    Completed { result: Bytes, until: Instant },
+    InProgress {
+        token: FencingToken,
+        until: Instant,
+    },
+    Completed {
+        token: FencingToken,
+        result: Bytes,
+        until: Instant,
+    },
 }
 
 impl State {
@@ -229,6 +237,7 @@ impl MemoryDedupStore {
         match result {
             Some((result, ttl)) => {
                 slot.state = State::Completed {
+                    token,
                     result: Bytes::copy_from_slice(result),
                     until: now + ttl,
                 };
@@ -240,6 +249,37 @@ impl MemoryDedupStore {
             }
         }
         Ok(())
+    }
+
+    fn inspect_sync(&self, id: &str) -> Result<Option<DedupRecord>> {
+        self.check_up()?;
+        let now = Instant::now();
+        let shard = self.shard(id);
+        let Some(slot) = shard.entries.get(id).filter(|s| s.state.until() > now) else {
+            return Ok(None);
+        };
+        // The caller's clock, moved by the time left on this store's.
+        let wall = SystemTime::now();
+        let at = |until: Instant| wall + (until - now);
+        let (state, token) = match &slot.state {
+            State::InProgress { token, until } => (
+                DedupState::InProgress {
+                    lease_until: at(*until),
+                },
+                *token,
+            ),
+            State::Completed { token, result, .. } => (
+                DedupState::Completed {
+                    result: result.clone(),
+                },
+                *token,
+            ),
+        };
+        Ok(Some(DedupRecord::new(
+            state,
+            token,
+            Some(at(slot.state.until())),
+        )))
     }
 }
 
@@ -343,6 +383,10 @@ impl DedupStore for MemoryDedupStore {
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
         self.finish_sync(id, token, None)
     }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        self.inspect_sync(id)
+    }
 }
 
 impl<D: DedupStore> DedupStore for std::sync::Arc<D> {
@@ -371,6 +415,10 @@ impl<D: DedupStore> DedupStore for std::sync::Arc<D> {
 
     fn abandon(&self, id: &str, token: FencingToken) -> impl Future<Output = Result<()>> + Send {
         (**self).abandon(id, token)
+    }
+
+    fn inspect(&self, id: &str) -> impl Future<Output = Result<Option<DedupRecord>>> + Send {
+        (**self).inspect(id)
     }
 
     fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<u64>> + Send {

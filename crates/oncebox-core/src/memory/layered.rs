@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::store::{Begin, DedupStore, FencingToken};
+use crate::store::{Begin, DedupRecord, DedupStore, FencingToken};
 
 const SHARDS: usize = 16;
 
@@ -33,6 +33,10 @@ pub const DEFAULT_REMOTE_WINDOW: Duration = Duration::from_secs(60);
 ///   `complete` and `abandon` go to it, so leases, fencing tokens and the one-holder rule
 ///   stay correct across processes sharing it. Memory only ever holds completed results,
 ///   which never change until they expire, so no process can read a stale one.
+/// - [`inspect`](DedupStore::inspect) asks the backing store, which holds every record
+///   (memory only copies some completed results), so it reports the record's real
+///   state, token and expiry. A completion learned from the backing store may still be
+///   answered from memory for up to the remote window after `inspect` found it expired.
 ///
 /// The window is exact, like [`MemoryDedupStore`](super::MemoryDedupStore): no admission
 /// filter, oldest-first eviction past `capacity` (counted in
@@ -135,6 +139,10 @@ impl<D: DedupStore> DedupStore for LayeredDedupStore<D> {
 
     async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
         self.backing.abandon(id, token).await
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
+        self.backing.inspect(id).await
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {

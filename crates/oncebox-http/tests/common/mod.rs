@@ -563,6 +563,14 @@ impl<S: DedupStore> DedupStore for Mortal<S> {
         self.alive().await;
         self.inner.abandon(id, token).await
     }
+
+    async fn inspect(
+        &self,
+        id: &str,
+    ) -> oncebox_core::Result<Option<oncebox_core::store::DedupRecord>> {
+        self.alive().await;
+        self.inner.inspect(id).await
+    }
 }
 
 /// A process that dies while its handler runs cannot free the key; the lease does.
