@@ -2,12 +2,14 @@
 
 use std::time::SystemTime;
 
+use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
+use oncebox_core::time::from_unix_millis;
 use oncebox_core::{Bytes, Result};
-use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, Transaction};
+use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::{MySql, Row, Transaction};
 
-use crate::error::{check_bytes, is_duplicate_key, store_error};
+use crate::error::{RowDecodeError, check_bytes, is_duplicate_key, store_error};
 use crate::sql::{delete_read_committed, ms_since, now_ms, query, sql_limit};
 
 /// Longest consumer name, in bytes (`VARBINARY(255)`).
@@ -52,6 +54,23 @@ const PURGE: &str = concat!(
   LIMIT ?) AS old
 ON i.consumer = old.consumer AND i.message_id = old.message_id"
 );
+
+/// → `consumer`, `handled`, `pending`, `dead`, `last_handled_ms` per consumer, in byte
+/// order of the name. `SUM` is `DECIMAL` in MySQL: the casts make the counts `BIGINT`.
+const CONSUMERS: &str = "\
+SELECT consumer, CAST(SUM(handled) AS SIGNED) AS handled,
+  CAST(SUM(pending) AS SIGNED) AS pending, CAST(SUM(dead) AS SIGNED) AS dead,
+  MAX(last_at) AS last_handled_ms
+FROM (
+  SELECT consumer, COUNT(*) AS handled, 0 AS pending, 0 AS dead, MAX(processed_at) AS last_at
+  FROM oncebox_inbox GROUP BY consumer
+  UNION ALL
+  SELECT consumer, SUM(status = 1), SUM(status = 0), SUM(status = 2),
+    MAX(CASE WHEN status = 1 THEN done_at END)
+  FROM oncebox_durable_inbox GROUP BY consumer
+) AS figures
+GROUP BY consumer
+ORDER BY consumer";
 
 /// The transactional inbox: records of the ids each consumer processed, written in the
 /// handler's transaction (table `oncebox_inbox`, keyed by consumer and id).
@@ -154,4 +173,54 @@ impl InboxStore for MySqlInbox {
             .bind(sql_limit(limit));
         delete_read_committed(&self.pool, purge).await
     }
+}
+
+impl InboxAdmin for MySqlInbox {
+    /// Reads, in one statement, every record of the transactional inbox and every row of
+    /// the durable inbox, each once, and groups them by consumer; InnoDB can read both
+    /// from indexes that cover what is counted (`(consumer, processed_at)` and
+    /// `(consumer, status, done_at)`). The cost grows with what retention keeps: call it
+    /// at the pace of a dashboard, not per message.
+    ///
+    /// # Errors
+    ///
+    /// A store error; a permanent one, with a [`RowDecodeError`] source, for a consumer
+    /// name that is not UTF-8 (written by something other than oncebox).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
+        let rows = sqlx::query(CONSUMERS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_error)?;
+        rows.iter().map(consumer_stats).collect()
+    }
+}
+
+/// One row of [`CONSUMERS`].
+fn consumer_stats(row: &MySqlRow) -> Result<ConsumerStats> {
+    let count = |column: &str| -> Result<u64> {
+        let n: i64 = row.try_get(column).map_err(store_error)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    let name: Vec<u8> = row.try_get("consumer").map_err(store_error)?;
+    let consumer = String::from_utf8(name).map_err(|error| {
+        let lossy = String::from_utf8_lossy(error.as_bytes()).into_owned();
+        RowDecodeError::new(
+            "oncebox_inbox",
+            format_args!("consumer {lossy}"),
+            "consumer",
+            error.utf8_error(),
+        )
+    })?;
+    let last: Option<i64> = row.try_get("last_handled_ms").map_err(store_error)?;
+    Ok(ConsumerStats {
+        consumer,
+        handled: count("handled")?,
+        pending: count("pending")?,
+        dead: count("dead")?,
+        last_handled_at: last.map(from_unix_millis),
+    })
 }

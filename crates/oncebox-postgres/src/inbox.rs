@@ -3,15 +3,16 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
 use oncebox_core::{Bytes, Result};
-use sqlx::postgres::PgPool;
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{Postgres, Row, Transaction};
 
 use crate::error::store_error;
 use crate::ident::qualified;
 use crate::spool::{query, sql_limit};
-use crate::time::{millis_param, ms_since};
+use crate::time::{from_micros, micros_of, millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
 pub(crate) struct InboxSql {
@@ -23,11 +24,15 @@ pub(crate) struct InboxSql {
     store_result: Arc<str>,
     /// `$1` age ms, `$2` limit.
     purge: Arc<str>,
+    /// → `consumer`, `handled`, `pending`, `dead`, `last_handled_us` per consumer, in
+    /// byte order of the name.
+    consumers: Arc<str>,
 }
 
 impl InboxSql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = qualified(schema, "inbox");
+        let durable = qualified(schema, "durable_inbox");
         Self {
             record: format!(
                 "INSERT INTO {t} (consumer, message_id, processed_at)
@@ -54,6 +59,25 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
   LIMIT $3
   FOR UPDATE SKIP LOCKED)",
                 age = millis_param(2)
+            )
+            .into(),
+            consumers: format!(
+                "SELECT consumer, sum(handled)::bigint AS handled, sum(pending)::bigint AS pending,
+  sum(dead)::bigint AS dead, {last} AS last_handled_us
+FROM (
+  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, max(processed_at) AS last_at
+  FROM {t} GROUP BY consumer
+  UNION ALL
+  SELECT consumer,
+    count(*) FILTER (WHERE status = 'done'),
+    count(*) FILTER (WHERE status = 'pending'),
+    count(*) FILTER (WHERE status = 'dead'),
+    max(done_at) FILTER (WHERE status = 'done')
+  FROM {durable} GROUP BY consumer
+) AS figures
+GROUP BY consumer
+ORDER BY consumer COLLATE \"C\"",
+                last = micros_of("max(last_at)")
             )
             .into(),
         }
@@ -150,6 +174,41 @@ impl InboxStore for PgInbox {
             .map_err(store_error)?;
         Ok(deleted.rows_affected())
     }
+}
+
+impl InboxAdmin for PgInbox {
+    /// Reads, in one statement, every record of the transactional inbox (from the table
+    /// or its `(consumer, processed_at)` index, as the planner finds cheaper) and every
+    /// row of the durable inbox (from the table: no index holds the dead rows), each
+    /// once, and groups them by consumer. The cost grows with what retention keeps:
+    /// call it at the pace of a dashboard, not per message.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
+        let rows = query(&self.sql.consumers)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_error)?;
+        rows.iter().map(consumer_stats).collect()
+    }
+}
+
+/// One row of [`InboxSql::consumers`].
+fn consumer_stats(row: &PgRow) -> Result<ConsumerStats> {
+    let count = |column: &str| -> Result<u64> {
+        let n: i64 = row.try_get(column).map_err(store_error)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    let last: Option<i64> = row.try_get("last_handled_us").map_err(store_error)?;
+    Ok(ConsumerStats {
+        consumer: row.try_get("consumer").map_err(store_error)?,
+        handled: count("handled")?,
+        pending: count("pending")?,
+        dead: count("dead")?,
+        last_handled_at: last.map(from_micros),
+    })
 }
 
 impl std::fmt::Debug for InboxSql {

@@ -2,11 +2,12 @@
 
 use std::time::SystemTime;
 
+use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::time::to_unix_millis;
+use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Bytes, Result};
-use sqlx::sqlite::SqlitePool;
-use sqlx::{Sqlite, Transaction};
+use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::{Row, Sqlite, Transaction};
 
 use crate::error::store_error;
 use crate::spool::sql_limit;
@@ -26,6 +27,22 @@ const PURGE: &str = "\
 DELETE FROM oncebox_inbox WHERE rowid IN (
   SELECT rowid FROM oncebox_inbox WHERE consumer = ?1 AND processed_at < ?2
   ORDER BY processed_at LIMIT ?3)";
+
+/// → `consumer`, `handled`, `pending`, `dead`, `last_handled_ms` per consumer, in byte
+/// order of the name.
+const CONSUMERS: &str = "\
+SELECT consumer, sum(handled) AS handled, sum(pending) AS pending, sum(dead) AS dead,
+  max(last_at) AS last_handled_ms
+FROM (
+  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, max(processed_at) AS last_at
+  FROM oncebox_inbox GROUP BY consumer
+  UNION ALL
+  SELECT consumer, sum(status = 'done'), sum(status = 'pending'), sum(status = 'dead'),
+    max(CASE WHEN status = 'done' THEN done_at END)
+  FROM oncebox_durable_inbox GROUP BY consumer
+)
+GROUP BY consumer
+ORDER BY consumer";
 
 /// Starts a transaction that takes SQLite's write lock at once.
 ///
@@ -121,4 +138,38 @@ impl InboxStore for SqliteInbox {
             .map_err(store_error)?;
         Ok(deleted.rows_affected())
     }
+}
+
+impl InboxAdmin for SqliteInbox {
+    /// Reads, in one statement, every record of the transactional inbox (from its
+    /// `(consumer, processed_at)` index, which covers them) and every row of the durable
+    /// inbox, each once, and groups them by consumer. The cost grows with what retention
+    /// keeps: call it at the pace of a dashboard, not per message.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
+        let rows = sqlx::query(CONSUMERS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_error)?;
+        rows.iter().map(consumer_stats).collect()
+    }
+}
+
+/// One row of [`CONSUMERS`].
+fn consumer_stats(row: &SqliteRow) -> Result<ConsumerStats> {
+    let count = |column: &str| -> Result<u64> {
+        let n: i64 = row.try_get(column).map_err(store_error)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    let last: Option<i64> = row.try_get("last_handled_ms").map_err(store_error)?;
+    Ok(ConsumerStats {
+        consumer: row.try_get("consumer").map_err(store_error)?,
+        handled: count("handled")?,
+        pending: count("pending")?,
+        dead: count("dead")?,
+        last_handled_at: last.map(from_unix_millis),
+    })
 }

@@ -7,7 +7,9 @@
 //! | [`IdempotentReceiver`] | [`DedupStore`](crate::store::DedupStore) beside the handler | at most once at a time, may repeat after a crash | the effect is outside the database (HTTP call, email) |
 //!
 //! All three find the dedup id with an [`IdStrategy`] and run under a [`Consumer`].
+//! Operators read each consumer's figures across both inboxes through [`InboxAdmin`].
 
+mod admin;
 mod durable;
 mod handler;
 mod health;
@@ -20,6 +22,7 @@ mod receiver;
 mod runner;
 mod transactional;
 
+pub use admin::{ConsumerStats, InboxAdmin};
 pub use durable::{DurableInbox, HandlerSink};
 pub use handler::{
     FnHandler, Handler, HandlerFn, HandlerOutput, Json, TxHandler, TxHandlerFn, handler_fn,
