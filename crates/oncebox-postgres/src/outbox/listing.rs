@@ -100,8 +100,13 @@ impl PgOutbox {
     /// Messages published per minute since `since`, by the database's clock, oldest
     /// minute first (see
     /// [`OutboxAdmin::published_per_minute`](oncebox_core::spool::OutboxAdmin::published_per_minute)).
-    /// Reads the partial index of done rows by publication time (`outbox_done`, the
-    /// retention's), over the rows published since `since` only.
+    ///
+    /// One count per minute over its range of the partial index of done rows by
+    /// publication time (`outbox_done`, the retention's): every row published since
+    /// `since` is read once, in the index only, so the cost grows with the rows
+    /// published, about 0.1 s per million on a 2-core machine (an hour at 1,000 messages
+    /// a second: 0.35 s). Runs in a read-only transaction with JIT compilation off,
+    /// which cost more than the counting it would speed up.
     ///
     /// # Errors
     ///
@@ -111,11 +116,17 @@ impl PgOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
-        let rows = query(&self.sql().published_per_minute)
-            .bind(ms_since(since))
-            .fetch_all(self.pool())
+        let mut tx = self
+            .pool()
+            .begin_with("BEGIN READ ONLY; SET LOCAL jit = off")
             .await
             .map_err(store_error)?;
+        let rows = query(&self.sql().published_per_minute)
+            .bind(ms_since(since))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
         rows.iter()
             .map(|row| {
                 let minute: i64 = row.try_get("minute").map_err(store_error)?;
