@@ -5,6 +5,7 @@
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+use oncebox::consumer::{ConsumerStats, InboxAdmin};
 use oncebox::postgres::sqlx::postgres::PgConnectOptions;
 use oncebox::postgres::{DebeziumLayout, PgStore};
 use oncebox::spool::{
@@ -12,7 +13,7 @@ use oncebox::spool::{
     OutboxStats, RowFilter, Settlement, SpoolStore,
 };
 use oncebox::sqlite::SqliteStore;
-use oncebox::store::InboxStore;
+use oncebox::store::{DedupRecord, DedupStore, InboxStore};
 use oncebox::{Delivery, Message, MessageId, Publisher, Received, Result, Subscriber};
 
 use crate::config::{BrokerKind, Config, ConfigError, Layout, Secret, StoreKind};
@@ -156,6 +157,28 @@ impl Database {
             if deleted == 0 {
                 return Ok(total);
             }
+        }
+    }
+
+    /// Every inbox consumer's figures across the transactional and the durable inbox, in
+    /// byte order of the name: one statement, which reads every record of both inboxes
+    /// (each store's [`InboxAdmin`] implementation says how).
+    pub(crate) async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
+        match self {
+            Self::Sqlite(store) => store.inbox().consumers().await,
+            Self::Postgres(store) => store.inbox().consumers().await,
+            #[cfg(feature = "mysql")]
+            Self::Mysql(store) => store.inbox().consumers().await,
+        }
+    }
+
+    /// The idempotent receiver's dedup record of `id` in this store, if there is one.
+    pub(crate) async fn inspect_key(&self, id: &str) -> Result<Option<DedupRecord>> {
+        match self {
+            Self::Sqlite(store) => store.dedup().inspect(id).await,
+            Self::Postgres(store) => store.dedup().inspect(id).await,
+            #[cfg(feature = "mysql")]
+            Self::Mysql(store) => store.dedup().inspect(id).await,
         }
     }
 }
