@@ -224,19 +224,20 @@ pub(crate) fn decode_inspect(reply: Value, now: SystemTime) -> Result<Option<Ded
     let expires_at = u64::try_from(*left)
         .ok()
         .map(|ms| now + Duration::from_millis(ms));
-    let state = match (state, expires_at) {
-        (Value::BulkString(s), Some(lease_until)) if s == b"p" => {
-            DedupState::InProgress { lease_until }
-        }
-        // A lease without an expiry, or a state begin does not know: free to `begin`.
-        (Value::BulkString(s), _) if s != b"c" => return Ok(None),
-        (Value::BulkString(_), _) => DedupState::Completed {
+    let Value::BulkString(state) = state else {
+        return Err(unexpected("inspect", &Value::Array(items)));
+    };
+    let state = match (state.as_slice(), expires_at) {
+        (b"p", Some(lease_until)) => DedupState::InProgress { lease_until },
+        (b"c", _) => DedupState::Completed {
             result: match result {
                 Value::BulkString(result) => Bytes::copy_from_slice(result),
                 _ => Bytes::new(),
             },
         },
-        _ => return Err(unexpected("inspect", &Value::Array(items))),
+        // A lease without an expiry, or a state `begin` does not know: `begin` takes the
+        // id as free.
+        _ => return Ok(None),
     };
     let token = match token {
         Value::BulkString(token) => std::str::from_utf8(token)
