@@ -114,10 +114,51 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
             .starts_with(&format!("{PUBLISHED} published")),
         "the chart counts the hour's publications"
     );
+    let consumers = browser
+        .texts("table.consumers tbody tr")
+        .await
+        .expect("consumers");
+    assert_eq!(consumers.len(), 2, "{consumers:?}");
+    let figures = |row: &str| row.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+    assert_eq!(figures(&consumers[0]), "billing 12 0 0", "{consumers:?}");
+    assert_eq!(figures(&consumers[1]), "shipping 1 1 1", "{consumers:?}");
     browser
         .screenshot(shots.join("overview.png"))
         .await
         .expect("a screenshot");
+
+    // An idempotency key looked up in the store's dedup records.
+    browser
+        .goto(&format!("{site}/keys?id=payment-42"))
+        .await
+        .expect("loads");
+    assert_eq!(
+        browser.text("#key-state").await.expect("a state"),
+        "completed"
+    );
+    assert!(
+        browser
+            .text("#key-result")
+            .await
+            .expect("a result")
+            .contains("\"charged\": 4200"),
+        "the stored result, pretty-printed"
+    );
+    browser
+        .screenshot(shots.join("keys.png"))
+        .await
+        .expect("a screenshot");
+    browser
+        .goto(&format!("{site}/keys?id=never-seen"))
+        .await
+        .expect("loads");
+    assert!(
+        browser
+            .text("#key-state")
+            .await
+            .expect("a state")
+            .starts_with("No record")
+    );
 
     // Filtered by key: only that key's rows, newest first, over two pages.
     browser
@@ -344,8 +385,8 @@ read_only = {read_only}
 }
 
 /// Published rows of 5 customers over the last hour, more of them lately; 5 pending rows
-/// due tomorrow;
-/// and three dead letters, inserted as a service in another language would.
+/// due tomorrow; three dead letters; two inbox consumers' records and a completed dedup
+/// record; inserted as a service in another language would.
 fn seed(schema: &str) {
     psql(&format!(
         "INSERT INTO {schema}.outbox (id, topic, key, kind, payload, status, created_at, done_at)
@@ -368,7 +409,18 @@ fn seed(schema: &str) {
                  '{{\"payment\": 2}}', 'dead', 10,
                  'publish failed: broker refused message 1202', now()),
                 ('{SCRIPTED}', 'alerts', 'ops', 'Alert', '{{\"x-note\": \"<i>hi</i>\"}}',
-                 convert_to('{}', 'UTF8'), 'dead', 3, 'publish failed: <b>refused</b>', now())",
+                 convert_to('{}', 'UTF8'), 'dead', 3, 'publish failed: <b>refused</b>', now());
+         INSERT INTO {schema}.inbox (consumer, message_id, processed_at)
+         SELECT 'billing', 'm-' || i, now() - make_interval(mins => i)
+         FROM generate_series(1, 12) AS i;
+         INSERT INTO {schema}.durable_inbox
+                (consumer, dedup_id, topic, payload, source, position, status, done_at, dead_at, last_error)
+         VALUES ('shipping', 'd-1', 'orders', '', 'orders', '1', 'done', now(), NULL, NULL),
+                ('shipping', 'd-2', 'orders', '', 'orders', '2', 'pending', NULL, NULL, NULL),
+                ('shipping', 'd-3', 'orders', '', 'orders', '3', 'dead', NULL, now(), 'handler failed');
+         INSERT INTO {schema}.dedup (id, state, token, result, expires_at)
+         VALUES ('payment-42', 'completed', 7, convert_to('{{\"charged\": 4200}}', 'UTF8'),
+                 now() + interval '1 day')",
         SCRIPT.replace('\'', "''")
     ));
 }

@@ -424,7 +424,11 @@ impl DashboardConfig {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
         };
-        if !base.is_empty() && !(base.starts_with('/') && base[1..].split('/').all(segment_ok)) {
+        let clean = base.is_empty()
+            || base
+                .strip_prefix('/')
+                .is_some_and(|path| path.split('/').all(segment_ok));
+        if !clean {
             return Err(ConfigError::key(
                 "dashboard.base_path",
                 format!(
@@ -903,8 +907,8 @@ mod tests {
         assert!(off.dashboard.read_only, "read-only by default");
         let error = load("listen = \"127.0.0.1:9465\"", &[]).expect_err("no token");
         assert!(error.0.starts_with("dashboard.token:"), "{error}");
-        let error = load("listen = \"127.0.0.1:9465\"\ntoken = \"short\"", &[])
-            .expect_err("a short token");
+        let error =
+            load("listen = \"127.0.0.1:9465\"\ntoken = \"short\"", &[]).expect_err("a short token");
         assert!(error.0.contains("at least 16"), "{error}");
 
         let dir = tempfile::tempdir().expect("a directory");
@@ -917,11 +921,17 @@ mod tests {
         let config = load("listen = \"127.0.0.1:9465\"", &vars).expect("a token from a file");
         let token = config.dashboard.checked_token().expect("strong enough");
         assert_eq!(token.expose(), "a-token-from-a-file");
-        assert!(!config.to_toml().contains("a-token-from-a-file"), "never printed");
+        assert!(
+            !config.to_toml().contains("a-token-from-a-file"),
+            "never printed"
+        );
 
         for base in ["ops", "/a//b", "/a/../b", "/<x>", "/a b"] {
             let error = load(&format!("base_path = {base:?}"), &[]).expect_err(base);
-            assert!(error.0.starts_with("dashboard.base_path:"), "{base}: {error}");
+            assert!(
+                error.0.starts_with("dashboard.base_path:"),
+                "{base}: {error}"
+            );
         }
         let config = load("base_path = \"/ops/oncebox/\"", &[]).expect("a clean path");
         assert_eq!(config.dashboard.base(), "/ops/oncebox");

@@ -68,23 +68,40 @@ struct Request {
     target: Target,
 }
 
+/// Why a request was refused before anything was read or changed.
+enum Refusal {
+    Csrf,
+    ReadOnly,
+    Malformed(&'static str),
+}
+
+impl Refusal {
+    fn page(&self, dashboard: &Dashboard, session: &Session) -> Response {
+        match self {
+            Self::Csrf => view::csrf_refused(dashboard, session),
+            Self::ReadOnly => view::read_only_refused(dashboard, session),
+            Self::Malformed(problem) => {
+                view::error(dashboard, Some(session), StatusCode::BAD_REQUEST, problem)
+            }
+        }
+    }
+}
+
 impl Request {
-    fn read(dashboard: &Dashboard, session: &Session, body: &Bytes) -> Result<Self, Response> {
+    fn read(dashboard: &Dashboard, session: &Session, body: &Bytes) -> Result<Self, Refusal> {
         let fields = Fields::body(body);
         if !session.sent_by_form(&fields) {
-            return Err(view::csrf_refused(dashboard, session));
+            return Err(Refusal::Csrf);
         }
         if dashboard.read_only {
-            return Err(view::read_only_refused(dashboard, session));
+            return Err(Refusal::ReadOnly);
         }
-        let bad =
-            |problem: &str| view::error(dashboard, Some(session), StatusCode::BAD_REQUEST, problem);
         let (action, group) = match fields.get("action") {
             Some("replay") => (Action::Replay, false),
             Some("purge") => (Action::Purge, false),
             Some("replay-group") => (Action::Replay, true),
             Some("purge-group") => (Action::Purge, true),
-            _ => return Err(bad("No action was chosen: replay or purge.")),
+            _ => return Err(Refusal::Malformed("No action was chosen: replay or purge.")),
         };
         let target = if group {
             let (Some(topic), Some(signature), Some(through)) = (
@@ -92,7 +109,7 @@ impl Request {
                 fields.get("signature"),
                 fields.get("through").and_then(|seq| seq.parse().ok()),
             ) else {
-                return Err(bad(
+                return Err(Refusal::Malformed(
                     "A group is named by its topic, signature and position.",
                 ));
             };
@@ -106,9 +123,9 @@ impl Request {
                 .all("id")
                 .map(MessageId::parse)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| bad("A selected id is not a message id (a UUID)."))?;
+                .map_err(|_| Refusal::Malformed("A selected id is not a message id (a UUID)."))?;
             if ids.is_empty() {
-                return Err(bad("Nothing was selected."));
+                return Err(Refusal::Malformed("Nothing was selected."));
             }
             Target::Ids(ids)
         };
@@ -136,7 +153,7 @@ pub(super) async fn confirm(
 ) -> Response {
     let request = match Request::read(&dashboard, &session, &body) {
         Ok(request) => request,
-        Err(refused) => return refused,
+        Err(refusal) => return refusal.page(&dashboard, &session),
     };
     let ids = match request.ids(&dashboard).await {
         Ok(ids) => ids,
@@ -187,7 +204,7 @@ pub(super) async fn apply(
 ) -> Response {
     let request = match Request::read(&dashboard, &session, &body) {
         Ok(request) => request,
-        Err(refused) => return refused,
+        Err(refusal) => return refusal.page(&dashboard, &session),
     };
     let ids = match request.ids(&dashboard).await {
         Ok(ids) => ids,

@@ -2,7 +2,8 @@
 //! dead letters, in a browser.
 //!
 //! Served by `oncebox dashboard`, and by `oncebox relay` and `oncebox receive` when
-//! `dashboard.listen` is set, for any store in the build through [`OutboxAdmin`]. Pages
+//! `dashboard.listen` is set, for any store in the build through [`OutboxAdmin`],
+//! [`InboxAdmin`] and [`DedupStore::inspect`]. Pages
 //! are rendered on the server (maud escapes every value), use no JavaScript, and every
 //! asset is embedded in the binary.
 //!
@@ -13,6 +14,8 @@
 //! forbid scripts and framing (`Content-Security-Policy`) and caching.
 //!
 //! [`OutboxAdmin`]: oncebox::spool::OutboxAdmin
+//! [`InboxAdmin`]: oncebox::consumer::InboxAdmin
+//! [`DedupStore::inspect`]: oncebox::store::DedupStore::inspect
 
 mod actions;
 mod failures;
@@ -38,6 +41,7 @@ use session::Sessions;
 
 /// What every handler reads.
 struct Dashboard {
+    database: Arc<Database>,
     outbox: AnyOutbox,
     /// `""` or `"/segment…"`: prefixed to every link.
     base: String,
@@ -62,7 +66,7 @@ impl Server {
     /// weak, or the outbox cannot be opened.
     pub(crate) async fn new(
         config: &Config,
-        database: &Database,
+        database: Arc<Database>,
         address: SocketAddr,
     ) -> Result<Self, ConfigError> {
         let settings = &config.dashboard;
@@ -75,6 +79,7 @@ impl Server {
         })?;
         let dashboard = Arc::new(Dashboard {
             outbox: database.outbox(config)?,
+            database,
             base: settings.base().to_owned(),
             read_only: settings.read_only,
             sessions: Sessions::new(token, settings.session_ttl.get(), settings.secure_cookie),
@@ -124,8 +129,8 @@ pub(crate) async fn run(config: &Config) -> anyhow::Result<std::process::ExitCod
     };
     let mut signals = crate::service::stop::Signals::listen()
         .map_err(|error| anyhow::anyhow!("cannot listen to SIGTERM and SIGINT: {error}"))?;
-    let database = Database::connect(config).await?;
-    let server = Server::new(config, &database, address).await?;
+    let database = Arc::new(Database::connect(config).await?);
+    let server = Server::new(config, database, address).await?;
     let address = server.address()?;
     tracing::info!(%address, base = config.dashboard.base(), "serving the dashboard");
     eprintln!(
@@ -152,6 +157,7 @@ fn router(dashboard: Arc<Dashboard>) -> Router {
         .route(&at("/messages/{id}"), get(pages::message))
         .route(&at("/failures"), get(pages::failures))
         .route(&at("/failures/group"), get(pages::failure_group))
+        .route(&at("/keys"), get(pages::keys))
         .route(&at("/actions/confirm"), post(actions::confirm))
         .route(&at("/actions/apply"), post(actions::apply))
         .route(&at("/logout"), post(session::logout))

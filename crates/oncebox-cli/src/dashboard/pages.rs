@@ -9,6 +9,7 @@ use axum::response::Response;
 use maud::{Markup, html};
 use oncebox::MessageId;
 use oncebox::spool::{OutboxAdmin, OutboxRow, RowFilter, RowStatus};
+use oncebox::store::DedupState;
 
 use super::failures::{self, MAX_GROUPED};
 use super::form::{Fields, encode};
@@ -31,9 +32,10 @@ pub(super) async fn overview(
     let read = async {
         let stats = dashboard.outbox.stats().await?;
         let minutes = dashboard.outbox.published_per_minute(since).await?;
-        Ok::<_, oncebox::Error>((stats, minutes))
+        let consumers = dashboard.database.consumers().await?;
+        Ok::<_, oncebox::Error>((stats, minutes, consumers))
     };
-    let (stats, minutes) = match read.await {
+    let (stats, minutes, consumers) = match read.await {
         Ok(read) => read,
         Err(error) => return view::store_failed(&dashboard, &session, &error),
     };
@@ -68,6 +70,32 @@ pub(super) async fn overview(
         p.note {
             "Counts rows marked published and still kept: retention ("
             code { "relay.retention" } ") and the log-tailing relay remove rows from it."
+        }
+        h2 { "Inbox consumers" }
+        @if consumers.is_empty() {
+            p.empty { "No consumer has recorded a message in this store's inboxes." }
+        } @else {
+            table.consumers {
+                thead { tr {
+                    th { "Consumer" } th { "Handled, kept" } th { "Pending" } th { "Dead" } th { "Last handled" }
+                } }
+                tbody {
+                    @for consumer in &consumers {
+                        tr {
+                            td { (consumer.consumer) }
+                            td.number { (consumer.handled) }
+                            td.number { (consumer.pending) }
+                            td.number.error[consumer.dead > 0] { (consumer.dead) }
+                            td.time { (consumer.last_handled_at.map(view::time).unwrap_or_default()) }
+                        }
+                    }
+                }
+            }
+            p.note {
+                "Handled counts the transactional inbox's records and the durable inbox's done rows still kept; "
+                "duplicates skipped are counted by each consumer's process ("
+                code { "oncebox_consumer_messages_total{outcome=\"duplicate\"}" } " on " code { "/metrics" } ")."
+            }
         }
     };
     view::page(&dashboard, Some(&session), "Overview", body)
@@ -452,6 +480,53 @@ pub(super) async fn failure_group(
         }
     };
     view::page(&dashboard, Some(&session), "Failures", body)
+}
+
+pub(super) async fn keys(
+    State(dashboard): Shared,
+    Extension(session): Extension<Session>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let fields = Fields::query(query.as_deref());
+    let id = fields.get("id");
+    let record = match id {
+        Some(id) => match dashboard.database.inspect_key(id).await {
+            Ok(record) => Some(record),
+            Err(error) => return view::store_failed(&dashboard, &session, &error),
+        },
+        None => None,
+    };
+    let body = html! {
+        h1 { "Idempotency keys" }
+        p.note { "The idempotent receiver's dedup records in this store: look one id up." }
+        form.filters method="get" action={ (dashboard.base) "/keys" } {
+            label { "Id " input type="text" name="id" size="48" value=[id] required; }
+            button type="submit" { "Look up" }
+        }
+        @if let (Some(id), Some(record)) = (id, record) {
+            @match record {
+                None => p #key-state .empty { "No record of " code { (id) } ": never seen, or expired." },
+                Some(record) => dl.facts {
+                    dt { "Id" } dd { code { (id) } }
+                    @match &record.state {
+                        DedupState::InProgress { lease_until } => {
+                            dt { "State" } dd #key-state { "in progress" }
+                            dt { "Lease until" } dd { (view::time(*lease_until)) }
+                        }
+                        DedupState::Completed { result } => {
+                            @let result = Payload::of(result);
+                            dt { "State" } dd #key-state { "completed" }
+                            dt { "Result" } dd { small { (result.label()) } pre #key-result { (result.text()) } }
+                        }
+                        _ => { dt { "State" } dd #key-state { "unknown" } }
+                    }
+                    dt { "Fencing token" } dd { (record.token) }
+                    dt { "Expires" } dd { (record.expires_at.map(view::time).unwrap_or_else(|| "never".to_owned())) }
+                },
+            }
+        }
+    };
+    view::page(&dashboard, Some(&session), "Keys", body)
 }
 
 #[cfg(test)]

@@ -54,6 +54,7 @@ pub(super) fn page_with_status(
                             a href={ (base) "/" } { "Overview" }
                             a href={ (base) "/messages" } { "Messages" }
                             a href={ (base) "/failures" } { "Failures" }
+                            a href={ (base) "/keys" } { "Keys" }
                         }
                         div.session {
                             @if dashboard.read_only {

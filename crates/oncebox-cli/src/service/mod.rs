@@ -46,7 +46,9 @@ impl Started {
         let database = Arc::new(Database::connect(config).await?);
         let broker = Arc::new(Broker::connect(config).await?);
         let dashboard = match config.dashboard.address()? {
-            Some(address) => Some(crate::dashboard::Server::new(config, &database, address).await?),
+            Some(address) => {
+                Some(crate::dashboard::Server::new(config, Arc::clone(&database), address).await?)
+            }
             None => None,
         };
         Ok(Self {
