@@ -168,7 +168,8 @@ impl PgOutbox {
             };
         }
         if let Some(key) = &filter.key {
-            // A Debezium-style table stores "no key" as an empty aggregate id.
+            // A Debezium-style table (the one layout with a topic prefix) stores "no
+            // key" as an empty aggregate id: none of its rows has the empty key.
             if key.is_empty() && self.sql().topic_prefix.is_some() {
                 conditions.and("false");
             } else {
