@@ -291,6 +291,34 @@ fn enqueue_compares_an_outbox_row_with_a_logical_message() {
 }
 
 #[test]
+fn admin_times_the_dashboards_reads_of_a_filled_outbox() {
+    let report = bench(&["admin", "--rows", "20000", "--runs", "2"]);
+    assert_eq!(report["bench"], "admin", "{report}");
+    assert_eq!(report["rows"].as_u64(), Some(20_000), "{report}");
+    assert_eq!(report["pending"].as_u64(), Some(100), "{report}");
+    let cases = report["cases"].as_array().expect("cases is an array");
+    assert!(cases.len() > 10, "{report}");
+    for case in cases {
+        let name = case["case"].as_str().expect("a case name");
+        let returned = case["returned"].as_u64().expect("rows returned");
+        if name.contains("page") {
+            assert!(returned <= 50, "{name}: {returned} rows");
+        }
+        if name.starts_with("no filter") {
+            assert_eq!(returned, 50, "{name}");
+        }
+        assert!(number(case, "median_ms") > 0.0, "{report}");
+    }
+    let plan = report["deepest_plan"]
+        .as_str()
+        .expect("the deepest page's plan");
+    assert!(
+        plan.contains("Index Scan Backward using outbox_pkey"),
+        "the deepest page reads the primary key from its start: {plan}"
+    );
+}
+
+#[test]
 fn consumer_on_postgres_reports_engine_baseline_and_ratio() {
     let report = bench(&["consumer", "--store", "postgres", "--messages", "1000"]);
     assert_eq!(report["store"], "postgres", "{report}");

@@ -12,12 +12,15 @@
 //!   the same with a logical decoding message (PostgreSQL).
 //! - `bench consumer`: the transactional inbox against the same handler in a plain
 //!   transaction, through the same consumer lanes and broker.
+//! - `bench admin`: the dashboard's reads (pages of rows, filtered, at every depth) of a
+//!   PostgreSQL outbox of millions of rows, timed on their own (there is no baseline).
 //!
 //! Every run isolates itself (a new SQLite file in a temporary directory, or a new
 //! PostgreSQL schema) and removes what it created at the end, on error and on Ctrl-C
 //! too. Baseline and engine runs alternate, and the best run of each side is reported, so
 //! that a noisy neighbour does not decide the ratio; every run is listed in the report.
 
+mod admin;
 mod backend;
 mod consumer;
 mod dedup;
@@ -90,6 +93,9 @@ enum BenchCommand {
     /// Producer transactions per second on PostgreSQL with an outbox row, against the
     /// same with a logical decoding message.
     Enqueue(enqueue::EnqueueArgs),
+    /// The dashboard's listing of a PostgreSQL outbox of millions of rows: pages at every
+    /// depth, with each filter.
+    Admin(admin::AdminArgs),
 }
 
 /// Where the outbox and inbox live.
@@ -243,8 +249,8 @@ impl BenchCommand {
             Self::Relay(args) => &args.common,
             Self::Latency(args) => &args.common,
             Self::Consumer(args) => &args.common,
-            Self::Http(_) | Self::Dedup(_) | Self::Enqueue(_) => {
-                unreachable!("bench http, dedup and enqueue run on their own")
+            Self::Http(_) | Self::Dedup(_) | Self::Enqueue(_) | Self::Admin(_) => {
+                unreachable!("bench http, dedup, enqueue and admin run on their own")
             }
         }
     }
@@ -252,11 +258,13 @@ impl BenchCommand {
 
 /// Runs the benchmark asked for and prints its report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    // `bench http` and `bench dedup` open their own stores (memory, Redis, PostgreSQL).
+    // `bench http`, `dedup`, `enqueue` and `admin` open their own stores (memory, Redis,
+    // PostgreSQL).
     let args = match args.command {
         BenchCommand::Http(http) => return http::run(http).await,
         BenchCommand::Dedup(dedup) => return dedup::run(dedup).await,
         BenchCommand::Enqueue(enqueue) => return enqueue::run(enqueue).await,
+        BenchCommand::Admin(admin) => return admin::run(admin).await,
         command => BenchArgs { command },
     };
     let common = args.command.common().clone();
@@ -298,9 +306,12 @@ async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Resul
             BenchCommand::Consumer(args) => {
                 consumer::run(&backend, args).await.map(Report::Consumer)
             }
-            BenchCommand::Http(_) | BenchCommand::Dedup(_) | BenchCommand::Enqueue(_) => Err(
-                anyhow::anyhow!("bench http, dedup and enqueue run on their own"),
-            ),
+            BenchCommand::Http(_)
+            | BenchCommand::Dedup(_)
+            | BenchCommand::Enqueue(_)
+            | BenchCommand::Admin(_) => Err(anyhow::anyhow!(
+                "bench http, dedup, enqueue and admin run on their own"
+            )),
         }
     };
     let result = tokio::select! {
