@@ -64,6 +64,8 @@ pub enum Recorded {
 /// - `purge` deletes records of one consumer processed before `before`, at most `limit`
 ///   per call, and never a record of another consumer (each consumer has its own dedup
 ///   window).
+/// - `count_duplicate` adds one to the consumer's count of skipped duplicates, on its own
+///   (outside any transaction), and never to another consumer's.
 pub trait InboxStore: Transactional {
     /// Records that `consumer` processes `id`, inside `tx`.
     ///
@@ -122,6 +124,16 @@ pub trait InboxStore: Transactional {
         before: SystemTime,
         limit: usize,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Counts one duplicate skipped by `consumer`, for operators
+    /// ([`InboxAdmin::consumers`](crate::consumer::InboxAdmin::consumers)). The consumer
+    /// engine calls it once the duplicate's transaction is over; code that records ids
+    /// itself calls it when it skips one, if it wants them counted.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the duplicate was skipped all the same.
+    fn count_duplicate(&self, consumer: &str) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// What [`DurableInboxStore::accept`] did.
@@ -144,6 +156,8 @@ pub enum Accepted {
 /// - `complete` marks a claimed row done inside the handler's transaction, only while
 ///   `token` still holds its lease; otherwise it fails with
 ///   [`Error::LeaseLost`](crate::Error::LeaseLost) and the caller rolls back.
+/// - `count_duplicate` adds one to the consumer's count of skipped duplicates, the same
+///   count as [`InboxStore::count_duplicate`]'s.
 pub trait DurableInboxStore: SpoolStore<Item = Received> + Transactional {
     /// Stores `received` under the dedup id `id`.
     ///
@@ -169,6 +183,14 @@ pub trait DurableInboxStore: SpoolStore<Item = Received> + Transactional {
         seq: i64,
         result: &[u8],
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Counts one duplicate skipped by this store's consumer, for operators: the durable
+    /// inbox calls it after [`accept`](Self::accept) found one.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the duplicate was skipped all the same.
+    fn count_duplicate(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Proof of holding an id in a [`DedupStore`]: only the holder of the current token may

@@ -13,7 +13,7 @@ use sqlx::{MySql, Transaction};
 use crate::error::{
     RowDecodeError, RowReader, check_bytes, check_chars, is_duplicate_key, store_error,
 };
-use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES};
+use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES, count_duplicate};
 use crate::outbox::{LOCK_KEY, MAX_KEY_BYTES, MAX_NAME_CHARS};
 use crate::spool::{Layout, SpoolRow, SpoolSql, SpoolTable};
 use crate::sql::{now_ms, query, uuid_bytes};
@@ -205,6 +205,9 @@ impl DurableInboxStore for MySqlDurableInbox {
             return Err(Error::LeaseLost);
         }
         Ok(())
+    }
+    async fn count_duplicate(&self) -> Result<()> {
+        count_duplicate(self.table.pool(), &self.consumer).await
     }
 }
 

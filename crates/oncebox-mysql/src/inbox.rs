@@ -55,22 +55,45 @@ const PURGE: &str = concat!(
 ON i.consumer = old.consumer AND i.message_id = old.message_id"
 );
 
-/// → `consumer`, `handled`, `pending`, `dead`, `last_handled_ms` per consumer, in byte
-/// order of the name. `SUM` is `DECIMAL` in MySQL: the casts make the counts `BIGINT`.
+/// `?` consumer: adds one to the consumer's count of skipped duplicates.
+const COUNT_DUPLICATE: &str = concat!(
+    "INSERT INTO oncebox_inbox_duplicates (consumer, skipped, last_at) VALUES (?, 1, ",
+    now_ms!(),
+    ")
+ON DUPLICATE KEY UPDATE skipped = skipped + 1, last_at = VALUES(last_at)"
+);
+
+/// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_ms` per
+/// consumer, in byte order of the name. `SUM` is `DECIMAL` in MySQL: the casts make the
+/// counts `BIGINT`.
 const CONSUMERS: &str = "\
 SELECT consumer, CAST(SUM(handled) AS SIGNED) AS handled,
   CAST(SUM(pending) AS SIGNED) AS pending, CAST(SUM(dead) AS SIGNED) AS dead,
-  MAX(last_at) AS last_handled_ms
+  CAST(SUM(duplicates) AS SIGNED) AS duplicates, MAX(last_at) AS last_handled_ms
 FROM (
-  SELECT consumer, COUNT(*) AS handled, 0 AS pending, 0 AS dead, MAX(processed_at) AS last_at
+  SELECT consumer, COUNT(*) AS handled, 0 AS pending, 0 AS dead, 0 AS duplicates,
+    MAX(processed_at) AS last_at
   FROM oncebox_inbox GROUP BY consumer
   UNION ALL
-  SELECT consumer, SUM(status = 1), SUM(status = 0), SUM(status = 2),
+  SELECT consumer, SUM(status = 1), SUM(status = 0), SUM(status = 2), 0,
     MAX(CASE WHEN status = 1 THEN done_at END)
   FROM oncebox_durable_inbox GROUP BY consumer
+  UNION ALL
+  SELECT consumer, 0, 0, 0, skipped, NULL FROM oncebox_inbox_duplicates
 ) AS figures
 GROUP BY consumer
 ORDER BY consumer";
+
+/// Adds one to `consumer`'s count of skipped duplicates, in a statement of its own.
+pub(crate) async fn count_duplicate(pool: &MySqlPool, consumer: &str) -> Result<()> {
+    check_bytes("consumer", consumer, MAX_CONSUMER_BYTES)?;
+    query(COUNT_DUPLICATE)
+        .bind(consumer.as_bytes().to_vec())
+        .execute(pool)
+        .await
+        .map_err(store_error)?;
+    Ok(())
+}
 
 /// The transactional inbox: records of the ids each consumer processed, written in the
 /// handler's transaction (table `oncebox_inbox`, keyed by consumer and id).
@@ -173,6 +196,9 @@ impl InboxStore for MySqlInbox {
             .bind(sql_limit(limit));
         delete_read_committed(&self.pool, purge).await
     }
+    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
+        count_duplicate(&self.pool, consumer).await
+    }
 }
 
 impl InboxAdmin for MySqlInbox {
@@ -221,6 +247,7 @@ fn consumer_stats(row: &MySqlRow) -> Result<ConsumerStats> {
         handled: count("handled")?,
         pending: count("pending")?,
         dead: count("dead")?,
+        duplicates: count("duplicates")?,
         last_handled_at: last.map(from_unix_millis),
     })
 }

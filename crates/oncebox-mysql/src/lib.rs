@@ -60,8 +60,11 @@
 //! [`SCHEMA_V2`] is `migrations/0002_claims.sql` (the table of claims; it drops the lease
 //! columns of version 1, and with them the leases held while it runs, whose rows are
 //! then delivered once more), [`SCHEMA_V3`] is `migrations/0003_inbox_by_consumer.sql`
-//! (the inbox's index for per-consumer purges). Every statement in them is idempotent, which matters here: MySQL commits each DDL statement on its own,
-//! so a migration cannot roll back half way, and running the file again finishes it.
+//! (the inbox's index for per-consumer purges), [`SCHEMA_V4`] is
+//! `migrations/0004_duplicates.sql` (the duplicates each inbox consumer skipped,
+//! counted). Every statement in them is idempotent, which matters here: MySQL commits
+//! each DDL statement on its own, so a migration cannot roll back half way, and running
+//! the file again finishes it.
 //!
 //! What the columns hold, and why:
 //!
@@ -289,7 +292,7 @@ pub use dedup::MySqlDedupStore;
 pub use durable::MySqlDurableInbox;
 pub use error::{RowDecodeError, ValueTooLong};
 pub use inbox::MySqlInbox;
-pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, migrator};
+pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, migrator};
 pub use outbox::{DeadLetter, MySqlOutbox, OutboxStats, RowState, RowStatus};
 pub use store::{DEFAULT_MAX_CONNECTIONS, MySqlStore};
 

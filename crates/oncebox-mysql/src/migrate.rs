@@ -31,6 +31,10 @@ pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
 /// (`migrations/0003_inbox_by_consumer.sql`). Idempotent; safe with relays running.
 pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.sql");
 
+/// Version 4, applied after [`SCHEMA_V3`]: the duplicates each inbox consumer skipped,
+/// counted (`migrations/0004_duplicates.sql`). Idempotent; safe with relays running.
+pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
+
 /// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
 ///
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
@@ -46,6 +50,7 @@ pub fn migrator() -> Migrator {
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox claims", SCHEMA_V2),
         (3, "oncebox inbox by consumer", SCHEMA_V3),
+        (4, "oncebox duplicates", SCHEMA_V4),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::ident::{KEY_CLASS, qualified, table_oid};
+use crate::inbox::count_duplicate_sql;
 use crate::spool::sql::Columns;
 use crate::spool::{Hold, Layout, SpoolRow, SpoolSql, SpoolTable, query};
 use crate::time::{from_micros, micros_of, micros_param, to_micros};
@@ -25,6 +26,8 @@ pub(crate) struct DurableSql {
     accept: Arc<str>,
     /// `$1` token, `$2` seq, `$3` result, `$4` consumer.
     complete: Arc<str>,
+    /// `$1` consumer.
+    count_duplicate: Arc<str>,
 }
 
 impl DurableSql {
@@ -74,6 +77,7 @@ SET status = 'done', done_at = statement_timestamp(), result = $3,
 WHERE seq = $2 AND lease_token = $1::uuid AND status = 'pending' AND consumer = $4"
             )
             .into(),
+            count_duplicate: count_duplicate_sql(schema),
         }
     }
 }
@@ -233,6 +237,15 @@ impl DurableInboxStore for PgDurableInbox {
         if updated.rows_affected() == 0 {
             return Err(Error::LeaseLost);
         }
+        Ok(())
+    }
+
+    async fn count_duplicate(&self) -> Result<()> {
+        query(&self.sql.count_duplicate)
+            .bind(&*self.consumer)
+            .execute(self.table.pool())
+            .await
+            .map_err(store_error)?;
         Ok(())
     }
 }

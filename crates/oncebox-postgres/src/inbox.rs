@@ -24,15 +24,28 @@ pub(crate) struct InboxSql {
     store_result: Arc<str>,
     /// `$1` age ms, `$2` limit.
     purge: Arc<str>,
-    /// → `consumer`, `handled`, `pending`, `dead`, `last_handled_us` per consumer, in
-    /// byte order of the name.
+    /// `$1` consumer.
+    count_duplicate: Arc<str>,
+    /// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_us` per
+    /// consumer, in byte order of the name.
     consumers: Arc<str>,
+}
+
+/// `$1` consumer: adds one to the consumer's count of skipped duplicates.
+pub(crate) fn count_duplicate_sql(schema: &str) -> Arc<str> {
+    let t = qualified(schema, "inbox_duplicates");
+    format!(
+        "INSERT INTO {t} AS d (consumer, skipped, last_at) VALUES ($1, 1, statement_timestamp())
+ON CONFLICT (consumer) DO UPDATE SET skipped = d.skipped + 1, last_at = excluded.last_at"
+    )
+    .into()
 }
 
 impl InboxSql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = qualified(schema, "inbox");
         let durable = qualified(schema, "durable_inbox");
+        let duplicates = qualified(schema, "inbox_duplicates");
         Self {
             record: format!(
                 "INSERT INTO {t} (consumer, message_id, processed_at)
@@ -61,19 +74,25 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
                 age = millis_param(2)
             )
             .into(),
+            count_duplicate: count_duplicate_sql(schema),
             consumers: format!(
                 "SELECT consumer, sum(handled)::bigint AS handled, sum(pending)::bigint AS pending,
-  sum(dead)::bigint AS dead, {last} AS last_handled_us
+  sum(dead)::bigint AS dead, sum(duplicates)::bigint AS duplicates,
+  {last} AS last_handled_us
 FROM (
-  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, max(processed_at) AS last_at
+  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, 0 AS duplicates,
+    max(processed_at) AS last_at
   FROM {t} GROUP BY consumer
   UNION ALL
   SELECT consumer,
     count(*) FILTER (WHERE status = 'done'),
     count(*) FILTER (WHERE status = 'pending'),
     count(*) FILTER (WHERE status = 'dead'),
+    0,
     max(done_at) FILTER (WHERE status = 'done')
   FROM {durable} GROUP BY consumer
+  UNION ALL
+  SELECT consumer, 0, 0, 0, skipped, NULL FROM {duplicates}
 ) AS figures
 GROUP BY consumer
 ORDER BY consumer COLLATE \"C\"",
@@ -174,6 +193,15 @@ impl InboxStore for PgInbox {
             .map_err(store_error)?;
         Ok(deleted.rows_affected())
     }
+
+    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
+        query(&self.sql.count_duplicate)
+            .bind(consumer)
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
 }
 
 impl InboxAdmin for PgInbox {
@@ -207,6 +235,7 @@ fn consumer_stats(row: &PgRow) -> Result<ConsumerStats> {
         handled: count("handled")?,
         pending: count("pending")?,
         dead: count("dead")?,
+        duplicates: count("duplicates")?,
         last_handled_at: last.map(from_micros),
     })
 }

@@ -56,11 +56,11 @@
 //! Every statement the stores run is built once, when the store is built, with the schema
 //! formatted in; nothing is formatted per call.
 //!
-//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`],
-//! [`SCHEMA_V2`] and [`SCHEMA_V3`] are `migrations/0001_init.sql`,
-//! `0002_inbox_by_consumer.sql` and `0003_emit.sql`, with the schema as psql's variable `:"schema"` (`psql -v schema=oncebox -f
-//! 0001_init.sql`), and [`schema_sql`] fills it in. Every statement in them is
-//! idempotent.
+//! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] to
+//! [`SCHEMA_V4`] are `migrations/0001_init.sql`, `0002_inbox_by_consumer.sql`,
+//! `0003_emit.sql` and `0004_duplicates.sql`, with the schema as psql's variable
+//! `:"schema"` (`psql -v schema=oncebox -f 0001_init.sql`), and [`schema_sql`] fills it
+//! in. Every statement in them is idempotent.
 //!
 //! # Per-key order with several relays
 //!
@@ -242,7 +242,7 @@ pub use error::RowDecodeError;
 pub use inbox::PgInbox;
 pub use migrate::{
     DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3,
-    migrator, schema_sql,
+    SCHEMA_V4, migrator, schema_sql,
 };
 pub use outbox::{
     DeadLetter, DebeziumLayout, DebeziumPayload, OutboxStats, PgOutbox, RowState, RowStatus,

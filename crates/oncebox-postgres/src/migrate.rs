@@ -37,7 +37,10 @@ pub const SCHEMA_V2: &str = include_str!("../migrations/0002_inbox_by_consumer.s
 /// mode.
 pub const SCHEMA_V3: &str = include_str!("../migrations/0003_emit.sql");
 
-/// Every version of the schema in order ([`SCHEMA_V1`], [`SCHEMA_V2`], [`SCHEMA_V3`]), with `schema`
+/// `migrations/0004_duplicates.sql`: the duplicates each inbox consumer skipped, counted.
+pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V4`]), with `schema`
 /// filled in.
 ///
 /// # Errors
@@ -47,7 +50,7 @@ pub const SCHEMA_V3: &str = include_str!("../migrations/0003_emit.sql");
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
     let schema = quote(schema);
-    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
+    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
         .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
         .join("\n"))
 }
@@ -75,6 +78,7 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox inbox by consumer", SCHEMA_V2),
         (3, "oncebox emit", SCHEMA_V3),
+        (4, "oncebox duplicates", SCHEMA_V4),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

@@ -1,28 +1,17 @@
-//! The dashboard's reads of the outbox: rows newest first, filtered and paged, and the
-//! messages published per minute; on oncebox's own table and on a Debezium-style one.
+//! The dashboard's reads of the outbox beyond the conformance suite's listing: the
+//! messages published per minute, on oncebox's own table and on a Debezium-style one, and
+//! the listing of a Debezium-style table.
 
 mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use oncebox_core::spool::{
-    MinuteCount, OutboxAdmin, OutboxRow, RowFilter, RowStatus, Settle, Settlement, SpoolStore,
-};
-use oncebox_core::{Message, MessageId};
+use oncebox_core::Message;
+use oncebox_core::spool::{MinuteCount, RowFilter, RowStatus};
 use oncebox_postgres::{DebeziumLayout, PgOutbox};
+use oncebox_testkit::outbox::{check_listing, fill_listed};
 
-use common::{LONG, TestDb, claim, enqueue};
-
-/// Messages in the outbox of these tests.
-const MESSAGES: u64 = 12;
-
-#[tokio::test(flavor = "multi_thread")]
-async fn rows_are_listed_newest_first_filtered_and_paged() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    let created = fill(&db, &outbox, "").await;
-    check_listing(&outbox, "", created).await;
-}
+use common::{TestDb, enqueue};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn published_per_minute_counts_done_rows_by_minute() {
@@ -73,175 +62,19 @@ async fn debezium_tables_are_listed_and_counted_alike() {
         },
     ] {
         let rows = outbox.rows(&filter, None, 100).await.expect("rows");
-        assert!(
-            rows.is_empty(),
-            "{filter:?} matched {}",
-            labels(&rows).join(", ")
-        );
+        assert!(rows.is_empty(), "{filter:?} matched {} rows", rows.len());
     }
     check_published_per_minute(&db, &outbox, "outbox_events", "oncebox_done_at").await;
 }
 
-/// Fills `outbox` with [`MESSAGES`] messages `0`, `1`, …, each created a minute after the
-/// one before (from an hour ago), on topics `payments` (every third) and `orders` under
-/// `prefix`, with keys `k-a`, `k-b` and none in turn; `1` and `5` are dead, `9` and
-/// later pending, the others done. Returns the first creation time.
+/// Fills `outbox` as the conformance suite's listing check does, with topics under
+/// `prefix`; returns the first creation time.
 async fn fill(db: &TestDb, outbox: &PgOutbox, prefix: &str) -> SystemTime {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("a clock after 1970");
-    let first = UNIX_EPOCH + Duration::from_secs(now.as_secs() - 3600);
-    let messages: Vec<Message> = (0..MESSAGES)
-        .map(|n| {
-            let topic = if n % 3 == 0 { "payments" } else { "orders" };
-            let mut message = Message::new(format!("{prefix}{topic}"), n.to_string());
-            message.created_at = first + Duration::from_secs(60 * n);
-            match n % 3 {
-                0 => message.with_key("k-a"),
-                1 => message.with_key("k-b"),
-                _ => message,
-            }
-        })
-        .collect();
-    let (settled, pending) = messages.split_at(9);
-    enqueue(outbox, &db.store, settled).await;
-    let (token, claimed) = claim(outbox, 100, LONG).await;
-    assert_eq!(claimed.len(), settled.len(), "every row claimed");
-    let settlements: Vec<Settlement> = claimed
-        .iter()
-        .map(|row| Settlement {
-            seq: row.seq,
-            outcome: if matches!(label(&row.item).as_str(), "1" | "5") {
-                Settle::Dead {
-                    reason: "refused".to_owned(),
-                }
-            } else {
-                Settle::Done
-            },
-        })
-        .collect();
-    outbox
-        .settle(token, &settlements)
-        .await
-        .expect("settle the claim");
-    enqueue(outbox, &db.store, pending).await;
-    first
-}
-
-/// The listing of the outbox [`fill`] made, with each filter alone and combined, in
-/// pages.
-async fn check_listing<O: OutboxAdmin>(outbox: &O, prefix: &str, first: SystemTime) {
-    let all = outbox
-        .rows(&RowFilter::default(), None, 100)
-        .await
-        .expect("rows");
-    let expected: Vec<String> = (0..MESSAGES).rev().map(|n| n.to_string()).collect();
-    assert_eq!(labels(&all), expected, "every row, newest first");
-    assert!(all.windows(2).all(|w| w[0].state.seq > w[1].state.seq));
-    let status = |n: &str| match n {
-        "1" | "5" => RowStatus::Dead,
-        "9" | "10" | "11" => RowStatus::Pending,
-        _ => RowStatus::Done,
-    };
-    for row in &all {
-        assert_eq!(row.state.status, status(&label(&row.message)));
-        assert_eq!(
-            row.state.settled_at.is_some(),
-            row.state.status != RowStatus::Pending
-        );
-    }
-    let dead = all
-        .iter()
-        .find(|row| row.state.status == RowStatus::Dead)
-        .expect("a dead row");
-    assert_eq!(dead.state.last_error.as_deref(), Some("refused"));
-
-    let minute = |n: u64| first + Duration::from_secs(60 * n);
-    let orders = format!("{prefix}orders");
-    let filters = [
-        filter(|f| f.status = Some(RowStatus::Pending)),
-        filter(|f| f.status = Some(RowStatus::Done)),
-        filter(|f| f.status = Some(RowStatus::Dead)),
-        filter(|f| f.topic = Some(orders.clone())),
-        filter(|f| f.key = Some("k-a".to_owned())),
-        filter(|f| f.id = Some(all[4].message.id)),
-        filter(|f| f.created_from = Some(minute(4))),
-        filter(|f| f.created_until = Some(minute(8))),
-        filter(|f| {
-            f.status = Some(RowStatus::Done);
-            f.topic = Some(orders.clone());
-            f.key = Some("k-b".to_owned());
-        }),
-        filter(|f| {
-            f.created_from = Some(minute(4));
-            f.created_until = Some(minute(8));
-            f.topic = Some(orders.clone());
-        }),
-        filter(|f| {
-            f.status = Some(RowStatus::Pending);
-            f.key = Some("k-a".to_owned());
-        }),
-        filter(|f| {
-            f.id = Some(all[4].message.id);
-            f.status = Some(status(&label(&all[4].message)));
-        }),
-    ];
-    for filter in &filters {
-        let expected = matching(&all, filter);
-        assert!(!expected.is_empty(), "{filter:?} selects rows");
-        let rows = outbox.rows(filter, None, 100).await.expect("rows");
-        assert_eq!(labels(&rows), expected, "{filter:?}");
-    }
-    let nothing = [
-        filter(|f| f.id = Some(MessageId::new())),
-        filter(|f| {
-            f.id = Some(all[4].message.id);
-            f.status = Some(RowStatus::Dead);
-        }),
-        filter(|f| {
-            f.status = Some(RowStatus::Dead);
-            f.key = Some("k-a".to_owned());
-        }),
-        filter(|f| f.created_until = Some(minute(0))),
-    ];
-    for filter in &nothing {
-        let rows = outbox.rows(filter, None, 100).await.expect("rows");
-        assert!(
-            rows.is_empty(),
-            "{filter:?} matched {}",
-            labels(&rows).join(", ")
-        );
-    }
-
-    for (filter, limit) in [
-        (RowFilter::default(), 5),
-        (RowFilter::default(), 1),
-        (filter(|f| f.status = Some(RowStatus::Done)), 2),
-        (filter(|f| f.topic = Some(orders.clone())), 3),
-        (filter(|f| f.status = Some(RowStatus::Pending)), 3),
-    ] {
-        let expected = matching(&all, &filter);
-        let mut listed = Vec::new();
-        let mut before = None;
-        loop {
-            let page = outbox.rows(&filter, before, limit).await.expect("a page");
-            assert!(page.len() <= limit, "{filter:?}: {} > {limit}", page.len());
-            let Some(last) = page.last() else { break };
-            if listed.len() + limit <= expected.len() {
-                assert_eq!(page.len(), limit, "{filter:?}: a short page before the end");
-            }
-            before = Some(last.state.seq);
-            listed.extend(labels(&page));
-        }
-        assert_eq!(listed, expected, "{filter:?} in pages of {limit}");
-    }
-    assert!(
-        outbox
-            .rows(&RowFilter::default(), None, 0)
-            .await
-            .expect("rows")
-            .is_empty()
-    );
+    fill_listed(outbox, prefix, async |messages: &[Message]| {
+        enqueue(outbox, &db.store, messages).await;
+        Ok(())
+    })
+    .await
 }
 
 /// Sets the publication times of the done rows of the outbox [`fill`] made (`column` of
@@ -304,37 +137,4 @@ fn filter(set: impl FnOnce(&mut RowFilter)) -> RowFilter {
     let mut filter = RowFilter::default();
     set(&mut filter);
     filter
-}
-
-/// The labels of the rows of `all` that `filter` selects, in their order.
-fn matching(all: &[OutboxRow], filter: &RowFilter) -> Vec<String> {
-    let rows: Vec<OutboxRow> = all
-        .iter()
-        .filter(|row| {
-            let (state, message) = (&row.state, &row.message);
-            filter.status.is_none_or(|status| state.status == status)
-                && filter.topic.as_ref().is_none_or(|t| message.topic == *t)
-                && filter
-                    .key
-                    .as_ref()
-                    .is_none_or(|k| message.key.as_ref() == Some(k))
-                && filter.id.is_none_or(|id| message.id == id)
-                && filter
-                    .created_from
-                    .is_none_or(|from| message.created_at >= from)
-                && filter
-                    .created_until
-                    .is_none_or(|until| message.created_at < until)
-        })
-        .cloned()
-        .collect();
-    labels(&rows)
-}
-
-fn label(message: &Message) -> String {
-    String::from_utf8_lossy(&message.payload).into_owned()
-}
-
-fn labels(rows: &[OutboxRow]) -> Vec<String> {
-    rows.iter().map(|row| label(&row.message)).collect()
 }

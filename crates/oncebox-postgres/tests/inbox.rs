@@ -1,20 +1,17 @@
 //! `PgInbox`: the record is part of the transaction, a duplicate leaves the connection
 //! clean, consumer names and ids of any text are bind parameters, recorded exactly as
-//! given, the purge per consumer has its index, and each consumer's figures add up both
-//! inboxes.
+//! given, and the purge per consumer has its index.
 
 mod common;
 
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
-use oncebox_core::spool::{Settle, Settlement, SpoolStore};
-use oncebox_core::store::{Accepted, DurableInboxStore, InboxStore, Recorded, Transactional};
-use oncebox_core::{Coordinates, Fault, Message, Received};
+use oncebox_core::Fault;
+use oncebox_core::store::{InboxStore, Recorded, Transactional};
 use oncebox_postgres::PgInbox;
 use sqlx::Row;
 
-use common::{LONG, TestDb, claim};
+use common::TestDb;
 
 const CONSUMER: &str = "billing";
 
@@ -255,109 +252,4 @@ async fn version_1_schemas_get_the_purge_index() {
     assert_eq!(inbox.purge("other", later, 10).await.unwrap(), 0);
     assert_eq!(inbox.purge(CONSUMER, later, 10).await.unwrap(), 1);
     common::drop_schema(schema);
-}
-
-/// A delivery of `payments` at `position`.
-fn received(position: &str) -> Received {
-    let at = Coordinates {
-        source: "payments".into(),
-        partition: Some(0),
-        position: position.into(),
-    };
-    Received::from_message(&Message::new("payments", "p"), at, 1)
-}
-
-/// `billing` has one inbox record and a durable row in each status (one done, one dead,
-/// two pending of which one was claimed and released); `shipping` has three inbox
-/// records. Handled counts the records and the done rows; the last handled time is the
-/// later of the last record and the last done row.
-#[tokio::test]
-async fn each_consumer_has_its_figures_in_name_order() {
-    let db = TestDb::new().await;
-    let inbox: PgInbox = db.store.inbox();
-    assert_eq!(
-        inbox.consumers().await.expect("the figures"),
-        [],
-        "an empty inbox has no consumers"
-    );
-
-    let start = SystemTime::now();
-    for (consumer, id) in [
-        ("shipping", "s-1"),
-        ("shipping", "s-2"),
-        ("billing", "b-1"),
-        ("shipping", "s-3"),
-    ] {
-        let (tx, recorded) = inbox
-            .begin_recorded(consumer, id)
-            .await
-            .expect("record the id");
-        assert_eq!(recorded, Recorded::New);
-        inbox.commit(tx).await.expect("commit the record");
-    }
-    let durable = db.store.durable_inbox("billing");
-    for id in ["d-1", "d-2", "d-3", "d-4"] {
-        let accepted = durable.accept(id, &received(id)).await.expect("accept");
-        assert_eq!(accepted, Accepted::New);
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let before_done = SystemTime::now();
-    let (token, rows) = claim(&durable, 3, LONG).await;
-    let outcomes = [
-        Settle::Done,
-        Settle::Dead {
-            reason: "refused".into(),
-        },
-        Settle::Release,
-    ];
-    let settlements: Vec<Settlement> = rows
-        .iter()
-        .zip(outcomes)
-        .map(|(row, outcome)| Settlement {
-            seq: row.seq,
-            outcome,
-        })
-        .collect();
-    durable
-        .settle(token, &settlements)
-        .await
-        .expect("settle the claim");
-    let end = SystemTime::now();
-
-    let figures = inbox.consumers().await.expect("the figures");
-    let names: Vec<&str> = figures.iter().map(|f| f.consumer.as_str()).collect();
-    assert_eq!(names, ["billing", "shipping"]);
-    let billing_last = figures[0]
-        .last_handled_at
-        .expect("billing handled messages");
-    let shipping_last = figures[1]
-        .last_handled_at
-        .expect("shipping handled messages");
-    assert!(
-        (before_done..=end).contains(&billing_last),
-        "billing's last is its done row: {billing_last:?}"
-    );
-    assert!(
-        (start..before_done).contains(&shipping_last),
-        "shipping's last is its last record: {shipping_last:?}"
-    );
-    assert_eq!(
-        figures,
-        [
-            ConsumerStats {
-                consumer: "billing".into(),
-                handled: 2,
-                pending: 2,
-                dead: 1,
-                last_handled_at: Some(billing_last),
-            },
-            ConsumerStats {
-                consumer: "shipping".into(),
-                handled: 3,
-                pending: 0,
-                dead: 0,
-                last_handled_at: Some(shipping_last),
-            },
-        ]
-    );
 }

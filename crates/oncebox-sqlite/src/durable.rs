@@ -12,7 +12,7 @@ use sqlx::{Sqlite, Transaction};
 use tokio::sync::Notify;
 
 use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::inbox::begin_immediate;
+use crate::inbox::{begin_immediate, count_duplicate};
 use crate::spool::{SpoolRow, SpoolSql, SpoolTable};
 
 const TABLE: &str = "oncebox_durable_inbox";
@@ -259,6 +259,9 @@ impl DurableInboxStore for SqliteDurableInbox {
             return Err(Error::LeaseLost);
         }
         Ok(())
+    }
+    async fn count_duplicate(&self) -> Result<()> {
+        count_duplicate(self.table.pool(), &self.consumer).await
     }
 }
 

@@ -28,21 +28,40 @@ DELETE FROM oncebox_inbox WHERE rowid IN (
   SELECT rowid FROM oncebox_inbox WHERE consumer = ?1 AND processed_at < ?2
   ORDER BY processed_at LIMIT ?3)";
 
-/// → `consumer`, `handled`, `pending`, `dead`, `last_handled_ms` per consumer, in byte
-/// order of the name.
+/// `?1` consumer, `?2` now (ms): adds one to the consumer's count of skipped duplicates.
+const COUNT_DUPLICATE: &str = "\
+INSERT INTO oncebox_inbox_duplicates (consumer, skipped, last_at) VALUES (?1, 1, ?2)
+ON CONFLICT (consumer) DO UPDATE SET skipped = skipped + 1, last_at = excluded.last_at";
+
+/// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_ms` per
+/// consumer, in byte order of the name.
 const CONSUMERS: &str = "\
 SELECT consumer, sum(handled) AS handled, sum(pending) AS pending, sum(dead) AS dead,
-  max(last_at) AS last_handled_ms
+  sum(duplicates) AS duplicates, max(last_at) AS last_handled_ms
 FROM (
-  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, max(processed_at) AS last_at
+  SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, 0 AS duplicates,
+    max(processed_at) AS last_at
   FROM oncebox_inbox GROUP BY consumer
   UNION ALL
-  SELECT consumer, sum(status = 'done'), sum(status = 'pending'), sum(status = 'dead'),
+  SELECT consumer, sum(status = 'done'), sum(status = 'pending'), sum(status = 'dead'), 0,
     max(CASE WHEN status = 'done' THEN done_at END)
   FROM oncebox_durable_inbox GROUP BY consumer
+  UNION ALL
+  SELECT consumer, 0, 0, 0, skipped, NULL FROM oncebox_inbox_duplicates
 )
 GROUP BY consumer
 ORDER BY consumer";
+
+/// Adds one to `consumer`'s count of skipped duplicates, in a statement of its own.
+pub(crate) async fn count_duplicate(pool: &SqlitePool, consumer: &str) -> Result<()> {
+    sqlx::query(COUNT_DUPLICATE)
+        .bind(consumer)
+        .bind(to_unix_millis(SystemTime::now()))
+        .execute(pool)
+        .await
+        .map_err(store_error)?;
+    Ok(())
+}
 
 /// Starts a transaction that takes SQLite's write lock at once.
 ///
@@ -138,6 +157,10 @@ impl InboxStore for SqliteInbox {
             .map_err(store_error)?;
         Ok(deleted.rows_affected())
     }
+
+    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
+        count_duplicate(&self.pool, consumer).await
+    }
 }
 
 impl InboxAdmin for SqliteInbox {
@@ -170,6 +193,7 @@ fn consumer_stats(row: &SqliteRow) -> Result<ConsumerStats> {
         handled: count("handled")?,
         pending: count("pending")?,
         dead: count("dead")?,
+        duplicates: count("duplicates")?,
         last_handled_at: last.map(from_unix_millis),
     })
 }

@@ -21,6 +21,10 @@ pub const SCHEMA_V2: &str = include_str!("../migrations/0002_claims.sql");
 /// (`migrations/0003_inbox_by_consumer.sql`). Idempotent; safe with relays running.
 pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.sql");
 
+/// Version 4, applied after [`SCHEMA_V3`]: the duplicates each inbox consumer skipped,
+/// counted (`migrations/0004_duplicates.sql`). Idempotent; safe with relays running.
+pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
+
 /// The migrator of oncebox's tables, recording its work in [`MIGRATIONS_TABLE`].
 ///
 /// [`SqliteStore::migrate`](crate::SqliteStore::migrate) runs it; call it directly to
@@ -45,6 +49,7 @@ pub fn migrator() -> Migrator {
         migration(1, "oncebox init", SCHEMA_V1),
         migration(2, "oncebox claims", SCHEMA_V2),
         migration(3, "oncebox inbox by consumer", SCHEMA_V3),
+        migration(4, "oncebox duplicates", SCHEMA_V4),
     ];
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);

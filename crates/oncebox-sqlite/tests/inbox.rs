@@ -1,22 +1,18 @@
-//! The SQLite transactional inbox and durable inbox, and each consumer's figures across
-//! both.
+//! The SQLite transactional inbox and durable inbox.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{LONG, SHORT, claim, db};
-use oncebox_core::consumer::{ConsumerOptions, ConsumerStats, DurableInbox, InboxAdmin, TxHandler};
+use common::{LONG, SHORT, db};
+use oncebox_core::consumer::{ConsumerOptions, DurableInbox, TxHandler};
 use oncebox_core::spool::{ClaimRequest, LeaseToken, Settle, Settlement, SpoolOptions, SpoolStore};
 use oncebox_core::store::{Accepted, DurableInboxStore, InboxStore, Recorded, Transactional};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Bytes, Coordinates, Error, Message, Received, Result};
 use oncebox_sqlite::{SqliteDurableInbox, SqliteStore};
 use sqlx::{Sqlite, Transaction};
-
-/// One millisecond, the resolution of stored times.
-const MILLI: Duration = Duration::from_millis(1);
 
 async fn effects_table(store: &SqliteStore) {
     sqlx::query("CREATE TABLE effects (id TEXT NOT NULL)")
@@ -372,107 +368,4 @@ async fn the_same_id_with_another_payload_is_a_duplicate_of_the_first() {
     );
     assert_eq!(count_effects(&db.store, "first").await, 1);
     assert_eq!(count_effects(&db.store, "second").await, 0);
-}
-
-/// `billing` has one inbox record and a durable row in each status (one done, one dead,
-/// two pending of which one was claimed and released); `shipping` has three inbox
-/// records. Handled counts the records and the done rows; the last handled time is the
-/// later of the last record and the last done row (times in whole milliseconds, so the
-/// bounds start a millisecond early).
-#[tokio::test]
-async fn each_consumer_has_its_figures_in_name_order() {
-    let db = db().await;
-    let inbox = db.store.inbox();
-    assert_eq!(
-        inbox.consumers().await.expect("the figures"),
-        [],
-        "an empty inbox has no consumers"
-    );
-
-    let start = SystemTime::now()
-        .checked_sub(MILLI)
-        .expect("a time after the epoch");
-    for (consumer, id) in [
-        ("shipping", "s-1"),
-        ("shipping", "s-2"),
-        ("billing", "b-1"),
-        ("shipping", "s-3"),
-    ] {
-        let (tx, recorded) = inbox
-            .begin_recorded(consumer, id)
-            .await
-            .expect("record the id");
-        assert_eq!(recorded, Recorded::New);
-        inbox.commit(tx).await.expect("commit the record");
-    }
-    let durable = db.store.durable_inbox("billing");
-    for id in ["d-1", "d-2", "d-3", "d-4"] {
-        let accepted = durable
-            .accept(id, &received(None, id, 0))
-            .await
-            .expect("accept");
-        assert_eq!(accepted, Accepted::New);
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let before_done = SystemTime::now()
-        .checked_sub(MILLI)
-        .expect("a time after the epoch");
-    let (token, rows) = claim(&durable, 3, LONG).await;
-    let outcomes = [
-        Settle::Done,
-        Settle::Dead {
-            reason: "refused".into(),
-        },
-        Settle::Release,
-    ];
-    let settlements: Vec<Settlement> = rows
-        .iter()
-        .zip(outcomes)
-        .map(|(row, outcome)| Settlement {
-            seq: row.seq,
-            outcome,
-        })
-        .collect();
-    durable
-        .settle(token, &settlements)
-        .await
-        .expect("settle the claim");
-    let end = SystemTime::now();
-
-    let figures = inbox.consumers().await.expect("the figures");
-    let names: Vec<&str> = figures.iter().map(|f| f.consumer.as_str()).collect();
-    assert_eq!(names, ["billing", "shipping"]);
-    let billing_last = figures[0]
-        .last_handled_at
-        .expect("billing handled messages");
-    let shipping_last = figures[1]
-        .last_handled_at
-        .expect("shipping handled messages");
-    assert!(
-        (before_done..=end).contains(&billing_last),
-        "billing's last is its done row: {billing_last:?}"
-    );
-    assert!(
-        (start..before_done).contains(&shipping_last),
-        "shipping's last is its last record: {shipping_last:?}"
-    );
-    assert_eq!(
-        figures,
-        [
-            ConsumerStats {
-                consumer: "billing".into(),
-                handled: 2,
-                pending: 2,
-                dead: 1,
-                last_handled_at: Some(billing_last),
-            },
-            ConsumerStats {
-                consumer: "shipping".into(),
-                handled: 3,
-                pending: 0,
-                dead: 0,
-                last_handled_at: Some(shipping_last),
-            },
-        ]
-    );
 }

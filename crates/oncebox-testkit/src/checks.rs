@@ -54,6 +54,7 @@ macro_rules! outbox_checks {
             broker_outage_spends_no_attempts,
             relay_backs_off_then_dead_letters,
             relay_cleanup_purges_published,
+            rows_listed_newest_first_filtered_and_paged,
         );
     };
 }
@@ -75,6 +76,7 @@ macro_rules! inbox_checks {
             durable_processor_runs_each_effect_once,
             durable_stale_complete_is_lease_lost,
             durable_retention_is_the_dedup_window,
+            consumer_figures,
         );
     };
 }

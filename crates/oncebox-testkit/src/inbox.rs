@@ -30,8 +30,10 @@
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
 //! | [`durable_processor_runs_each_effect_once`] | two [`DurableInbox::processor`] spools with failing handler calls run each effect once |
 //! | [`durable_stale_complete_is_lease_lost`] | `complete` with a stale token is [`Error::LeaseLost`] and the rollback undoes the effect |
+//! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
+//! [`InboxAdmin::consumers`]: oncebox_core::consumer::InboxAdmin::consumers
 //! [`DurableInbox::processor`]: oncebox_core::consumer::DurableInbox::processor
 
 use std::collections::HashSet;
@@ -41,19 +43,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use oncebox_core::consumer::{ConsumerOptions, Outcome, TransactionalInbox, TxHandler};
+use oncebox_core::consumer::{ConsumerOptions, InboxAdmin, Outcome, TransactionalInbox, TxHandler};
 use oncebox_core::store::{DurableInboxStore, InboxStore, Transactional};
 use oncebox_core::{Bytes, Coordinates, Error, Message, Received, Result};
 
 use crate::support::{ok, within};
 
 mod durable;
+mod figures;
 mod transactional;
 
 pub use durable::{
     durable_accept_dedups, durable_processor_runs_each_effect_once,
     durable_retention_is_the_dedup_window, durable_stale_complete_is_lease_lost,
 };
+pub use figures::consumer_figures;
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,
     failure_rolls_back_record_and_effect, hostile_ids_round_trip,
@@ -69,8 +73,8 @@ pub type TxOf<H> = <<H as InboxHarness>::Store as Transactional>::Tx;
 /// Construct one harness per check, on an isolated database (or schema) holding the
 /// inbox tables and the harness's effects table, empty.
 pub trait InboxHarness: Send + Sync {
-    /// The transactional inbox store.
-    type Store: InboxStore + Clone + 'static;
+    /// The transactional inbox store, with its figures for operators.
+    type Store: InboxStore + InboxAdmin + Clone + 'static;
 
     /// A handle on this harness's inbox store. Every call returns a handle on the same
     /// tables.

@@ -36,6 +36,7 @@
 //! | [`relay_keeps_commit_order`] | two relays drain the table into the broker, each message once, in commit order per key |
 //! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
 //! | [`relay_cleanup_purges_published`] | [`Spool::cleanup`] with zero retention deletes every published row and nothing else |
+//! | [`rows_listed_newest_first_filtered_and_paged`] | [`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows) lists newest first; each filter alone and combined selects what it says; pages by position list every match once |
 //!
 //! [`Spool::cleanup`]: oncebox_core::spool::Spool::cleanup
 //! [`MemoryBroker`]: oncebox_core::memory::MemoryBroker
@@ -49,12 +50,16 @@ use oncebox_core::{Limits, Message, MessageId, Result};
 use crate::support::{ok, within};
 
 mod claiming;
+mod listing;
 mod relay;
 mod settling;
 
 pub use claiming::{
     claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
     per_key_prefix,
+};
+pub use listing::{
+    LISTED, check_listing, fill_listed, rows_listed_newest_first_filtered_and_paged,
 };
 pub use relay::{
     Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,

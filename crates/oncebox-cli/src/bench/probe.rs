@@ -187,6 +187,11 @@ impl<S: InboxStore> InboxStore for Timed<S> {
             .time("purge", self.inner.purge(consumer, before, limit))
             .await
     }
+    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
+        self.probe
+            .time("count_duplicate", self.inner.count_duplicate(consumer))
+            .await
+    }
 }
 
 impl<Tx: Send, H: TxHandler<Tx>> TxHandler<Tx> for Timed<H> {

@@ -77,13 +77,15 @@ pub(super) async fn overview(
         } @else {
             table.consumers {
                 thead { tr {
-                    th { "Consumer" } th { "Handled, kept" } th { "Pending" } th { "Dead" } th { "Last handled" }
+                    th { "Consumer" } th { "Handled, kept" } th { "Duplicates skipped" } th { "Pending" }
+                    th { "Dead" } th { "Last handled" }
                 } }
                 tbody {
                     @for consumer in &consumers {
                         tr {
                             td { (consumer.consumer) }
                             td.number { (consumer.handled) }
+                            td.number { (consumer.duplicates) }
                             td.number { (consumer.pending) }
                             td.number.error[consumer.dead > 0] { (consumer.dead) }
                             td.time { (consumer.last_handled_at.map(view::time).unwrap_or_default()) }
@@ -93,8 +95,8 @@ pub(super) async fn overview(
             }
             p.note {
                 "Handled counts the transactional inbox's records and the durable inbox's done rows still kept; "
-                "duplicates skipped are counted by each consumer's process ("
-                code { "oncebox_consumer_messages_total{outcome=\"duplicate\"}" } " on " code { "/metrics" } ")."
+                "duplicates skipped counts every duplicate delivery either inbox skipped since the consumer's first, "
+                "whatever retention removed since."
             }
         }
     };

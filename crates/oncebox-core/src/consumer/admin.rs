@@ -22,6 +22,11 @@ pub struct ConsumerStats {
     pub pending: u64,
     /// Durable inbox rows given up on.
     pub dead: u64,
+    /// Duplicate deliveries skipped, by either inbox, since the consumer's first one
+    /// (retention does not lower it). Counted by the consumer engine
+    /// ([`InboxStore::count_duplicate`](crate::store::InboxStore::count_duplicate)) once
+    /// each duplicate is settled: a process that dies in between leaves one uncounted.
+    pub duplicates: u64,
     /// When the latest of the handled messages was handled (its inbox record written, or
     /// its durable row marked done); `None` when no handled message is kept.
     pub last_handled_at: Option<SystemTime>,
@@ -31,8 +36,8 @@ pub struct ConsumerStats {
 /// overview that does not depend on the backend, which each backend's inbox implements
 /// once.
 pub trait InboxAdmin: Send + Sync {
-    /// The figures of every consumer with a record in the transactional inbox or a row in
-    /// the durable inbox, ordered by consumer name (byte order); empty when there is
+    /// The figures of every consumer with a record in the transactional inbox, a row in
+    /// the durable inbox or a duplicate counted, ordered by consumer name (byte order); empty when there is
     /// none. The figures are read in one statement, so they are consistent with each
     /// other.
     ///

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::process::unwind_as_error;
+use super::process::{count_duplicate, unwind_as_error};
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::spool::{Claimed, Sink, Spool, SpoolOptions};
 use crate::store::{Accepted, DurableInboxStore};
@@ -82,7 +82,10 @@ impl<S: DurableInboxStore> Process for DurableInbox<S> {
         let id = self.options.id_strategy.id_of(received)?;
         Ok(match self.store.accept(&id, received).await? {
             Accepted::New => Outcome::Stored,
-            Accepted::Duplicate => Outcome::Duplicate,
+            Accepted::Duplicate => {
+                count_duplicate(&self.options.consumer, self.store.count_duplicate()).await;
+                Outcome::Duplicate
+            }
         })
     }
 }

@@ -99,6 +99,14 @@ impl<P: Process> Process for Arc<P> {
     }
 }
 
+/// Counts a skipped duplicate in the store for operators. The duplicate was skipped and
+/// will be acked whatever happens here, so a failure to count is logged, not returned.
+pub(crate) async fn count_duplicate(consumer: &str, counting: impl Future<Output = Result<()>>) {
+    if let Err(error) = counting.await {
+        tracing::warn!(%consumer, %error, "could not count a skipped duplicate");
+    }
+}
+
 /// Runs `future`, turning a panic into a transient handler error: a failed attempt of
 /// the message, dead-lettered after the attempt limit like any other.
 pub(crate) async fn unwind_as_error<T>(future: impl Future<Output = Result<T>>) -> Result<T> {

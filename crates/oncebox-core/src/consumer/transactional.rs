@@ -1,6 +1,6 @@
 //! The transactional inbox: dedup record, handler effect and result in one transaction.
 
-use super::process::unwind_as_error;
+use super::process::{count_duplicate, unwind_as_error};
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::store::{InboxStore, Recorded};
 use crate::{Error, Received, Result};
@@ -61,6 +61,8 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
         let consumer = &self.options.consumer;
         let (mut tx, recorded) = self.store.begin_recorded(consumer, &id).await?;
         if let Recorded::Duplicate { result } = recorded {
+            drop(tx);
+            count_duplicate(consumer, self.store.count_duplicate(consumer)).await;
             return Ok((Outcome::Duplicate, result));
         }
         let result = unwind_as_error(self.handler.handle(received, &mut tx))
