@@ -160,6 +160,71 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
             .starts_with("No record")
     );
 
+    // The durable inbox: every consumer's rows newest first, filtered by status, and one
+    // row with its error, or its handler's result.
+    browser.goto(&format!("{site}/inbox")).await.expect("loads");
+    let rows = browser
+        .texts("table.inbox tbody tr")
+        .await
+        .expect("inbox rows");
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|row| row.split_whitespace().nth(2).unwrap_or_default())
+        .collect();
+    assert_eq!(ids, ["d-3", "d-2", "d-1"], "{rows:?}");
+    browser
+        .screenshot(shots.join("inbox.png"))
+        .await
+        .expect("a screenshot");
+    browser
+        .goto(&format!("{site}/inbox?consumer=shipping&status=dead"))
+        .await
+        .expect("loads");
+    let rows = browser
+        .texts("table.inbox tbody tr")
+        .await
+        .expect("inbox rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    browser
+        .click("table.inbox tbody a")
+        .await
+        .expect("opens the row");
+    browser.wait_for("#dedup-id").await.expect("the row's page");
+    assert_eq!(browser.text("#dedup-id").await.expect("the id"), "d-3");
+    assert_eq!(
+        browser.text("#last-error").await.expect("the error"),
+        "handler failed"
+    );
+    browser
+        .goto(&format!("{site}/inbox?id=d-1"))
+        .await
+        .expect("loads");
+    browser
+        .click("table.inbox tbody a")
+        .await
+        .expect("opens the row");
+    browser.wait_for("#result").await.expect("the row's page");
+    assert!(
+        browser
+            .text("#result")
+            .await
+            .expect("the result")
+            .contains("\"shipped\": true"),
+        "the handler's result, pretty-printed"
+    );
+    browser
+        .goto(&format!("{site}/inbox?status=done"))
+        .await
+        .expect("loads");
+    assert!(
+        browser
+            .text("main")
+            .await
+            .expect("the page")
+            .contains("is not a status"),
+        "a bad filter is named"
+    );
+
     // Filtered by key: only that key's rows, newest first, over two pages.
     browser
         .goto(&format!("{site}/messages"))
@@ -414,10 +479,13 @@ fn seed(schema: &str) {
          SELECT 'billing', 'm-' || i, now() - make_interval(mins => i)
          FROM generate_series(1, 12) AS i;
          INSERT INTO {schema}.durable_inbox
-                (consumer, dedup_id, topic, payload, source, position, status, done_at, dead_at, last_error)
-         VALUES ('shipping', 'd-1', 'orders', '', 'orders', '1', 'done', now(), NULL, NULL),
-                ('shipping', 'd-2', 'orders', '', 'orders', '2', 'pending', NULL, NULL, NULL),
-                ('shipping', 'd-3', 'orders', '', 'orders', '3', 'dead', NULL, now(), 'handler failed');
+                (consumer, dedup_id, topic, payload, source, position, status, done_at, dead_at,
+                 last_error, result)
+         VALUES ('shipping', 'd-1', 'orders', '', 'orders', '1', 'done', now(), NULL, NULL,
+                 convert_to('{{\"shipped\": true}}', 'UTF8')),
+                ('shipping', 'd-2', 'orders', '', 'orders', '2', 'pending', NULL, NULL, NULL, NULL),
+                ('shipping', 'd-3', 'orders', '', 'orders', '3', 'dead', NULL, now(),
+                 'handler failed', NULL);
          INSERT INTO {schema}.inbox_duplicates (consumer, skipped, last_at) VALUES ('billing', 4, now());
          INSERT INTO {schema}.dedup (id, state, token, result, expires_at)
          VALUES ('payment-42', 'completed', 7, convert_to('{{\"charged\": 4200}}', 'UTF8'),

@@ -2,14 +2,18 @@
 
 use std::time::SystemTime;
 
-use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
+use oncebox_core::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
+use oncebox_core::sql::Conditions;
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::time::from_unix_millis;
-use oncebox_core::{Bytes, Result};
+use oncebox_core::time::{from_unix_millis, to_unix_millis};
+use oncebox_core::{Bytes, Received, Result};
 use sqlx::mysql::{MySqlPool, MySqlRow};
-use sqlx::{MySql, Row, Transaction};
+use sqlx::{MySql, QueryBuilder, Row, Transaction};
 
-use crate::error::{RowDecodeError, check_bytes, is_duplicate_key, store_error};
+use crate::error::{RowDecodeError, RowReader, check_bytes, is_duplicate_key, store_error};
+use crate::outbox::admin::decode_state;
+use crate::outbox::listing::status_literal;
+use crate::spool::SpoolRow;
 use crate::sql::{delete_read_committed, ms_since, now_ms, query, sql_limit};
 
 /// Longest consumer name, in bytes (`VARBINARY(255)`).
@@ -83,6 +87,21 @@ FROM (
 ) AS figures
 GROUP BY consumer
 ORDER BY consumer";
+
+/// A durable inbox row for [`InboxAdmin::inbox_rows`], up to its `WHERE`; the lease is
+/// the latest live claim's on the row (0 when none).
+const INBOX_ROWS: &str = "\
+SELECT d.seq, d.consumer, d.dedup_id, d.status, d.attempts, d.last_error, d.available_at,
+  d.done_at, d.dead_at,
+  COALESCE((
+    SELECT MAX(c.lease_until)
+    FROM oncebox_claims AS c
+      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
+    WHERE c.spool = CONCAT('oncebox_durable_inbox:', d.consumer) AND j.seq = d.seq), 0)
+    AS lease_until,
+  d.received_at, d.result, d.message_id, d.topic, d.`key`, d.kind, d.headers, d.payload,
+  d.created_at, d.source, d.`partition`, d.`position`, d.delivery_count
+FROM oncebox_durable_inbox AS d";
 
 /// Adds one to `consumer`'s count of skipped duplicates, in a statement of its own.
 pub(crate) async fn count_duplicate(pool: &MySqlPool, consumer: &str) -> Result<()> {
@@ -223,6 +242,109 @@ impl InboxAdmin for MySqlInbox {
             .map_err(store_error)?;
         rows.iter().map(consumer_stats).collect()
     }
+
+    /// One statement, newest first from `before`, on the primary key or, for one
+    /// consumer's rows of a status, the `(consumer, status, seq)` index. The other
+    /// criteria have no index of their own: rows are filtered one by one until `limit`
+    /// match, which reads every row older than `before` where matches are rare.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inbox_rows(
+        &self,
+        filter: &InboxRowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<InboxRow>> {
+        let rows = listing(filter, before, limit)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_error)?;
+        rows.iter().map(inbox_row).collect()
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
+        let mut query = QueryBuilder::new(INBOX_ROWS);
+        query.push(" WHERE d.seq = ").push_bind(seq);
+        let row = query
+            .build()
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        row.as_ref().map(inbox_row).transpose()
+    }
+}
+
+/// The listing statement: [`INBOX_ROWS`] with a condition for each criterion of
+/// `filter` that is set, every value bound, newest first from `before`.
+fn listing(filter: &InboxRowFilter, before: Option<i64>, limit: usize) -> QueryBuilder<MySql> {
+    let mut query = QueryBuilder::new(INBOX_ROWS);
+    let mut conditions = Conditions::new(&mut query);
+    if let Some(consumer) = &filter.consumer {
+        conditions
+            .and("d.consumer = ")
+            .push_bind(consumer.as_bytes().to_vec());
+    }
+    if let Some(status) = filter.status {
+        conditions.and("d.status = ").push(status_literal(status));
+    }
+    if let Some(topic) = &filter.topic {
+        conditions.and("d.topic = ").push_bind(topic.clone());
+    }
+    if let Some(key) = &filter.key {
+        conditions
+            .and("d.`key` = ")
+            .push_bind(key.as_bytes().to_vec());
+    }
+    if let Some(id) = &filter.dedup_id {
+        conditions
+            .and("d.dedup_id = ")
+            .push_bind(id.as_bytes().to_vec());
+    }
+    if let Some(from) = filter.received_from {
+        conditions
+            .and("d.received_at >= ")
+            .push_bind(to_unix_millis(from));
+    }
+    if let Some(until) = filter.received_until {
+        conditions
+            .and("d.received_at < ")
+            .push_bind(to_unix_millis(until));
+    }
+    if let Some(before) = before {
+        conditions.and("d.seq < ").push_bind(before);
+    }
+    query
+        .push(" ORDER BY d.seq DESC LIMIT ")
+        .push_bind(sql_limit(limit));
+    query
+}
+
+/// One row of [`INBOX_ROWS`].
+fn inbox_row(row: &MySqlRow) -> Result<InboxRow> {
+    let seq: i64 = row.try_get("seq").map_err(store_error)?;
+    let reader = RowReader::new(row, "oncebox_durable_inbox", format_args!("seq {seq}"));
+    let decode = || -> std::result::Result<InboxRow, RowDecodeError> {
+        let text = |column: &'static str| -> std::result::Result<String, RowDecodeError> {
+            reader
+                .text(column)?
+                .ok_or_else(|| reader.error(column, "NULL in a NOT NULL column"))
+        };
+        Ok(InboxRow {
+            consumer: text("consumer")?,
+            dedup_id: text("dedup_id")?,
+            state: decode_state(&reader)?,
+            received_at: from_unix_millis(reader.get("received_at")?),
+            result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
+            received: Received::decode(&reader)?,
+        })
+    };
+    Ok(decode()?)
 }
 
 /// One row of [`CONSUMERS`].

@@ -3,15 +3,18 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use oncebox_core::consumer::{ConsumerStats, InboxAdmin};
+use oncebox_core::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
+use oncebox_core::sql::Conditions;
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::{Bytes, Result};
+use oncebox_core::{Bytes, Received, Result};
 use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 
-use crate::error::store_error;
+use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::ident::qualified;
-use crate::spool::{query, sql_limit};
+use crate::outbox::admin::decode_state;
+use crate::outbox::listing::{push_time, status_literal};
+use crate::spool::{SpoolRow, query, sql_limit};
 use crate::time::{from_micros, micros_of, millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
@@ -29,6 +32,11 @@ pub(crate) struct InboxSql {
     /// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_us` per
     /// consumer, in byte order of the name.
     consumers: Arc<str>,
+    /// `SELECT <a durable inbox row> FROM <durable inbox> AS t`, for the listing to add
+    /// its conditions to.
+    rows: Arc<str>,
+    /// The durable inbox's name in errors.
+    durable_display: Arc<str>,
 }
 
 /// `$1` consumer: adds one to the consumer's count of skipped duplicates.
@@ -74,6 +82,25 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
                 age = millis_param(2)
             )
             .into(),
+            rows: format!(
+                "SELECT t.seq AS seq, t.consumer AS consumer, t.dedup_id AS dedup_id,
+  t.status AS status, t.attempts AS attempts, t.last_error AS last_error,
+  {available} AS available_at, {lease} AS lease_until, {done} AS done_at, {dead} AS dead_at,
+  {received_at} AS received_at, t.result AS result,
+  t.message_id::text AS message_id, t.topic AS topic, t.key AS key, t.kind AS kind,
+  t.headers::text AS headers, t.payload AS payload, {created} AS created_at,
+  t.source AS source, t.partition AS partition, t.position AS position,
+  t.delivery_count AS delivery_count
+FROM {durable} AS t",
+                available = micros_of("t.available_at"),
+                lease = micros_of("t.lease_until"),
+                done = micros_of("t.done_at"),
+                dead = micros_of("t.dead_at"),
+                received_at = micros_of("t.received_at"),
+                created = micros_of("t.created_at"),
+            )
+            .into(),
+            durable_display: format!("{schema}.durable_inbox").into(),
             count_duplicate: count_duplicate_sql(schema),
             consumers: format!(
                 "SELECT consumer, sum(handled)::bigint AS handled, sum(pending)::bigint AS pending,
@@ -220,6 +247,102 @@ impl InboxAdmin for PgInbox {
             .await
             .map_err(store_error)?;
         rows.iter().map(consumer_stats).collect()
+    }
+
+    /// One statement, newest first from `before`: on the primary key, or with a
+    /// consumer and status pending, on the partial index of the consumer's pending rows.
+    /// The other criteria have no index of their own: the rows read are filtered until
+    /// `limit` match, which reads every row older than `before` where matches are rare.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inbox_rows(
+        &self,
+        filter: &InboxRowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<InboxRow>> {
+        let rows = self
+            .listing(filter, before, limit)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_error)?;
+        rows.iter().map(|row| self.inbox_row_of(row)).collect()
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
+        let mut query = QueryBuilder::new(&*self.sql.rows);
+        query.push(" WHERE t.seq = ").push_bind(seq);
+        let row = query
+            .build()
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        row.map(|row| self.inbox_row_of(&row)).transpose()
+    }
+}
+
+impl PgInbox {
+    /// The listing statement: [`InboxSql::rows`] with a condition for each criterion of
+    /// `filter` that is set, every value bound, newest first from `before`.
+    fn listing(
+        &self,
+        filter: &InboxRowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> QueryBuilder<Postgres> {
+        let mut query = QueryBuilder::new(&*self.sql.rows);
+        let mut conditions = Conditions::new(&mut query);
+        if let Some(consumer) = &filter.consumer {
+            conditions.and("t.consumer = ").push_bind(consumer.clone());
+        }
+        if let Some(status) = filter.status {
+            conditions.and("t.status = ").push(status_literal(status));
+        }
+        if let Some(topic) = &filter.topic {
+            conditions.and("t.topic = ").push_bind(topic.clone());
+        }
+        if let Some(key) = &filter.key {
+            conditions.and("t.key = ").push_bind(key.clone());
+        }
+        if let Some(id) = &filter.dedup_id {
+            conditions.and("t.dedup_id = ").push_bind(id.clone());
+        }
+        if let Some(from) = filter.received_from {
+            push_time(conditions.and("t.received_at >= "), from);
+        }
+        if let Some(until) = filter.received_until {
+            push_time(conditions.and("t.received_at < "), until);
+        }
+        if let Some(before) = before {
+            conditions.and("t.seq < ").push_bind(before);
+        }
+        query
+            .push(" ORDER BY t.seq DESC LIMIT ")
+            .push_bind(sql_limit(limit));
+        query
+    }
+
+    /// Decodes one row of [`InboxSql::rows`].
+    fn inbox_row_of(&self, row: &PgRow) -> Result<InboxRow> {
+        let seq: i64 = row.try_get("seq").map_err(store_error)?;
+        let reader = RowReader::new(row, &self.sql.durable_display, format_args!("seq {seq}"));
+        let decode = || -> std::result::Result<InboxRow, RowDecodeError> {
+            Ok(InboxRow {
+                consumer: reader.get("consumer")?,
+                dedup_id: reader.get("dedup_id")?,
+                state: decode_state(&reader)?,
+                received_at: from_micros(reader.get("received_at")?),
+                result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
+                received: Received::decode(&reader)?,
+            })
+        };
+        Ok(decode()?)
     }
 }
 

@@ -77,6 +77,7 @@ macro_rules! inbox_checks {
             durable_stale_complete_is_lease_lost,
             durable_retention_is_the_dedup_window,
             consumer_figures,
+            inbox_rows_listed_newest_first_filtered_and_paged,
         );
     };
 }

@@ -30,10 +30,12 @@
 //! | [`durable_accept_dedups`] | durable accept stores a delivery once per consumer, and keeps refusing it once done or dead |
 //! | [`durable_processor_runs_each_effect_once`] | two [`DurableInbox::processor`] spools with failing handler calls run each effect once |
 //! | [`durable_stale_complete_is_lease_lost`] | `complete` with a stale token is [`Error::LeaseLost`] and the rollback undoes the effect |
+//! | [`inbox_rows_listed_newest_first_filtered_and_paged`] | [`InboxAdmin::inbox_rows`] lists every consumer's durable rows newest first with their state and result; each filter selects what it says; pages list every match once |
 //! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
 //! [`InboxAdmin::consumers`]: oncebox_core::consumer::InboxAdmin::consumers
+//! [`InboxAdmin::inbox_rows`]: oncebox_core::consumer::InboxAdmin::inbox_rows
 //! [`DurableInbox::processor`]: oncebox_core::consumer::DurableInbox::processor
 
 use std::collections::HashSet;
@@ -51,6 +53,7 @@ use crate::support::{ok, within};
 
 mod durable;
 mod figures;
+mod listing;
 mod transactional;
 
 pub use durable::{
@@ -58,6 +61,7 @@ pub use durable::{
     durable_retention_is_the_dedup_window, durable_stale_complete_is_lease_lost,
 };
 pub use figures::consumer_figures;
+pub use listing::inbox_rows_listed_newest_first_filtered_and_paged;
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,
     failure_rolls_back_record_and_effect, hostile_ids_round_trip,

@@ -20,6 +20,7 @@
 mod actions;
 mod failures;
 mod form;
+mod inbox;
 mod pages;
 mod session;
 mod view;
@@ -155,6 +156,8 @@ fn router(dashboard: Arc<Dashboard>) -> Router {
         .route(&at("/"), get(pages::overview))
         .route(&at("/messages"), get(pages::messages))
         .route(&at("/messages/{id}"), get(pages::message))
+        .route(&at("/inbox"), get(inbox::rows))
+        .route(&at("/inbox/{seq}"), get(inbox::row))
         .route(&at("/failures"), get(pages::failures))
         .route(&at("/failures/group"), get(pages::failure_group))
         .route(&at("/keys"), get(pages::keys))

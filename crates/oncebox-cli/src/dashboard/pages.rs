@@ -7,9 +7,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use maud::{Markup, html};
-use oncebox::MessageId;
 use oncebox::spool::{OutboxAdmin, OutboxRow, RowFilter, RowStatus};
 use oncebox::store::DedupState;
+use oncebox::{Headers, MessageId};
 
 use super::failures::{self, MAX_GROUPED};
 use super::form::{Fields, encode};
@@ -18,7 +18,7 @@ use super::view::{self, Payload};
 use super::{Dashboard, Shared};
 
 /// Rows on a page of messages.
-const PAGE_ROWS: usize = 50;
+pub(super) const PAGE_ROWS: usize = 50;
 
 /// The chart's span, in minutes.
 const CHART_MINUTES: u32 = 60;
@@ -168,7 +168,7 @@ impl Filters {
 
 /// A time typed into the filter form: RFC 3339, or a `datetime-local` value (no
 /// seconds, no zone), taken as UTC.
-fn parse_time(text: &str) -> Option<SystemTime> {
+pub(super) fn parse_time(text: &str) -> Option<SystemTime> {
     let text = text.trim_end_matches(['Z', 'z']);
     let with_seconds;
     let text = if text.len() == 16 {
@@ -247,7 +247,7 @@ pub(super) async fn messages(
 }
 
 /// `query` with one more pair.
-fn pairs(query: &str, name: &str, value: &str) -> String {
+pub(super) fn pairs(query: &str, name: &str, value: &str) -> String {
     let added = encode([(name, value)]);
     if query.is_empty() {
         added
@@ -309,7 +309,6 @@ pub(super) async fn message(
         Err(error) => return view::store_failed(&dashboard, &session, &error),
     };
     let (state, message) = (&row.state, &row.message);
-    let payload = Payload::of(&message.payload);
     let trace = message.headers.get("traceparent").and_then(view::trace_id);
     let body = html! {
         h1 { "Message " code { (message.id) } }
@@ -335,20 +334,28 @@ pub(super) async fn message(
         @if state.status == RowStatus::Dead && !dashboard.read_only {
             (actions_for(&dashboard, &session, &[message.id]))
         }
+        (contents(&message.headers, &message.payload))
+    };
+    view::page(&dashboard, Some(&session), "Message", body)
+}
+
+/// A message's headers and its payload (see [`Payload`]).
+pub(super) fn contents(headers: &Headers, payload: &[u8]) -> Markup {
+    let shown = Payload::of(payload);
+    html! {
         h2 { "Headers" }
-        @if message.headers.is_empty() {
+        @if headers.is_empty() {
             p.empty { "None." }
         } @else {
             table.headers {
-                @for (name, value) in message.headers.iter() {
+                @for (name, value) in headers.iter() {
                     tr { th { (name) } td { (value) } }
                 }
             }
         }
-        h2 { "Payload " small { (payload.label()) ", " (message.payload.len()) " bytes" } }
-        pre #payload { (payload.text()) }
-    };
-    view::page(&dashboard, Some(&session), "Message", body)
+        h2 { "Payload " small { (shown.label()) ", " (payload.len()) " bytes" } }
+        pre #payload { (shown.text()) }
+    }
 }
 
 /// The replay and purge buttons for the dead letters `ids` (each asks for a

@@ -53,6 +53,7 @@ pub(super) fn page_with_status(
                             a.brand href={ (base) "/" } { "oncebox" }
                             a href={ (base) "/" } { "Overview" }
                             a href={ (base) "/messages" } { "Messages" }
+                            a href={ (base) "/inbox" } { "Inbox" }
                             a href={ (base) "/failures" } { "Failures" }
                             a href={ (base) "/keys" } { "Keys" }
                         }

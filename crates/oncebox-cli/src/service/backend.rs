@@ -5,7 +5,7 @@
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use oncebox::consumer::{ConsumerStats, InboxAdmin};
+use oncebox::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
 use oncebox::postgres::sqlx::postgres::PgConnectOptions;
 use oncebox::postgres::{DebeziumLayout, PgStore};
 use oncebox::spool::{
@@ -169,6 +169,32 @@ impl Database {
             Self::Postgres(store) => store.inbox().consumers().await,
             #[cfg(feature = "mysql")]
             Self::Mysql(store) => store.inbox().consumers().await,
+        }
+    }
+
+    /// Up to `limit` durable inbox rows matching `filter`, newest first from `before`
+    /// ([`InboxAdmin::inbox_rows`]).
+    pub(crate) async fn inbox_rows(
+        &self,
+        filter: &InboxRowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<InboxRow>> {
+        match self {
+            Self::Sqlite(store) => store.inbox().inbox_rows(filter, before, limit).await,
+            Self::Postgres(store) => store.inbox().inbox_rows(filter, before, limit).await,
+            #[cfg(feature = "mysql")]
+            Self::Mysql(store) => store.inbox().inbox_rows(filter, before, limit).await,
+        }
+    }
+
+    /// The durable inbox row at position `seq`, if there is one.
+    pub(crate) async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
+        match self {
+            Self::Sqlite(store) => store.inbox().inbox_row(seq).await,
+            Self::Postgres(store) => store.inbox().inbox_row(seq).await,
+            #[cfg(feature = "mysql")]
+            Self::Mysql(store) => store.inbox().inbox_row(seq).await,
         }
     }
 

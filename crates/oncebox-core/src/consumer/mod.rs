@@ -22,7 +22,7 @@ mod receiver;
 mod runner;
 mod transactional;
 
-pub use admin::{ConsumerStats, InboxAdmin};
+pub use admin::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
 pub use durable::{DurableInbox, HandlerSink};
 pub use handler::{
     FnHandler, Handler, HandlerFn, HandlerOutput, Json, TxHandler, TxHandlerFn, handler_fn,

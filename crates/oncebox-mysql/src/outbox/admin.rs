@@ -331,7 +331,7 @@ fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDe
     })
 }
 
-pub(super) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+pub(crate) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
     let status: i8 = row.get("status")?;
     let status = match status {
         PENDING => RowStatus::Pending,

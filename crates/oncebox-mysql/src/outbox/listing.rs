@@ -185,7 +185,7 @@ fn listing(
 }
 
 /// The stored value of `status`, as SQL.
-fn status_literal(status: RowStatus) -> String {
+pub(crate) fn status_literal(status: RowStatus) -> String {
     match status {
         RowStatus::Pending => PENDING.to_string(),
         RowStatus::Done => DONE.to_string(),

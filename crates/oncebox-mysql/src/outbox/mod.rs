@@ -1,7 +1,7 @@
 //! The transactional outbox on MySQL / MariaDB.
 
-mod admin;
-mod listing;
+pub(crate) mod admin;
+pub(crate) mod listing;
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};

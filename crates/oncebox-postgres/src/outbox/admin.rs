@@ -230,7 +230,7 @@ fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDe
     })
 }
 
-pub(super) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
+pub(crate) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
     let status: String = row.get("status")?;
     let status = match status.as_str() {
         "pending" => RowStatus::Pending,

@@ -201,7 +201,7 @@ impl PgOutbox {
 }
 
 /// Pushes `time` as a `timestamptz` made of a bound count of microseconds (exact).
-fn push_time(query: &mut QueryBuilder<Postgres>, time: SystemTime) {
+pub(crate) fn push_time(query: &mut QueryBuilder<Postgres>, time: SystemTime) {
     query
         .push("(timestamptz 'epoch' + ")
         .push_bind(to_micros(time))
@@ -209,7 +209,7 @@ fn push_time(query: &mut QueryBuilder<Postgres>, time: SystemTime) {
 }
 
 /// The stored value of `status`, as SQL.
-fn status_literal(status: RowStatus) -> &'static str {
+pub(crate) fn status_literal(status: RowStatus) -> &'static str {
     match status {
         RowStatus::Pending => "'pending'",
         RowStatus::Done => "'done'",

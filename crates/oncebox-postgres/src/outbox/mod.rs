@@ -1,8 +1,8 @@
 //! The transactional outbox on PostgreSQL.
 
-mod admin;
+pub(crate) mod admin;
 pub(crate) mod debezium;
-mod listing;
+pub(crate) mod listing;
 pub(crate) mod sql;
 
 use std::sync::Arc;

@@ -133,7 +133,7 @@ fn listing(
 }
 
 /// The stored value of `status`, as SQL.
-fn status_literal(status: RowStatus) -> &'static str {
+pub(crate) fn status_literal(status: RowStatus) -> &'static str {
     match status {
         RowStatus::Pending => "'pending'",
         RowStatus::Done => "'done'",

@@ -1,7 +1,7 @@
 //! The transactional outbox on SQLite.
 
-mod admin;
-mod listing;
+pub(crate) mod admin;
+pub(crate) mod listing;
 mod sql;
 
 use std::sync::Arc;
