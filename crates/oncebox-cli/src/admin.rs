@@ -134,8 +134,8 @@ fn migration_sql(config: &Config) -> anyhow::Result<String> {
     let url = config.store_url()?;
     let sql = match url.kind() {
         StoreKind::Sqlite => {
-            use oncebox::sqlite::{SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4};
-            [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4].join("\n")
+            use oncebox::sqlite::{SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5};
+            [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5].join("\n")
         }
         StoreKind::Postgres => {
             if config.outbox.layout == Layout::Debezium {
@@ -150,8 +150,8 @@ fn migration_sql(config: &Config) -> anyhow::Result<String> {
         }
         #[cfg(feature = "mysql")]
         StoreKind::Mysql => {
-            use oncebox::mysql::{SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4};
-            [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4].join("\n")
+            use oncebox::mysql::{SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5};
+            [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5].join("\n")
         }
         #[cfg(not(feature = "mysql"))]
         StoreKind::Mysql => unreachable!("the URL parser refuses stores not in the build"),

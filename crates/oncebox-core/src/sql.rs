@@ -126,6 +126,36 @@ pub fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// Where a page of an outbox listing ([`OutboxAdmin::rows`](crate::spool::OutboxAdmin::rows))
+/// starts, in the listing's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListingStart {
+    /// At the newest row.
+    Newest,
+    /// After the row at `seq`, in descending commit order.
+    Before {
+        /// The position of the last row of the page before.
+        seq: i64,
+    },
+    /// After the row at `seq`, in descending creation time, then position.
+    BeforeCreated {
+        /// The row's creation time, in the unit the store keeps it in.
+        created: i64,
+        /// The position of the last row of the page before.
+        seq: i64,
+    },
+}
+
+impl ListingStart {
+    /// Whether a listing with `filter` is in creation order: with a creation-time
+    /// criterion, rows are read newest first from an index by creation time, which
+    /// finds a window at any depth at once; in commit order, every newer row would be
+    /// read and filtered out first.
+    pub fn by_creation(filter: &crate::spool::RowFilter) -> bool {
+        filter.created_from.is_some() || filter.created_until.is_some()
+    }
+}
+
 /// The conditions of a statement built from the criteria a caller set (an admin
 /// listing's filter): ` WHERE ` before the first, ` AND ` before the others. Only the
 /// SQL of a condition is pushed as text; its values go in as bound parameters

@@ -62,7 +62,8 @@
 //! then delivered once more), [`SCHEMA_V3`] is `migrations/0003_inbox_by_consumer.sql`
 //! (the inbox's index for per-consumer purges), [`SCHEMA_V4`] is
 //! `migrations/0004_duplicates.sql` (the duplicates each inbox consumer skipped,
-//! counted). Every statement in them is idempotent, which matters here: MySQL commits
+//! counted), [`SCHEMA_V5`] is `migrations/0005_outbox_by_creation.sql` (the outbox's
+//! index by creation time). Every statement in them is idempotent, which matters here: MySQL commits
 //! each DDL statement on its own, so a migration cannot roll back half way, and running
 //! the file again finishes it.
 //!
@@ -292,7 +293,9 @@ pub use dedup::MySqlDedupStore;
 pub use durable::MySqlDurableInbox;
 pub use error::{RowDecodeError, ValueTooLong};
 pub use inbox::MySqlInbox;
-pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, migrator};
+pub use migrate::{
+    MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, migrator,
+};
 pub use outbox::{DeadLetter, MySqlOutbox, OutboxStats, RowState, RowStatus};
 pub use store::{DEFAULT_MAX_CONNECTIONS, MySqlStore};
 

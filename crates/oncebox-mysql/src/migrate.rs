@@ -35,6 +35,10 @@ pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.s
 /// counted (`migrations/0004_duplicates.sql`). Idempotent; safe with relays running.
 pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 
+/// Version 5, applied after [`SCHEMA_V4`]: the outbox's rows indexed by creation time, for
+/// listings filtered by time (`migrations/0005_outbox_by_creation.sql`). Idempotent.
+pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
+
 /// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
 ///
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
@@ -51,6 +55,7 @@ pub fn migrator() -> Migrator {
         (2, "oncebox claims", SCHEMA_V2),
         (3, "oncebox inbox by consumer", SCHEMA_V3),
         (4, "oncebox duplicates", SCHEMA_V4),
+        (5, "oncebox outbox by creation", SCHEMA_V5),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

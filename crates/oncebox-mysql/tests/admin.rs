@@ -24,7 +24,8 @@ async fn listing_plans_read_an_index_from_before() {
            (id, topic, `key`, kind, headers, payload, created_at, status, done_at)
          WITH RECURSIVE d (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM d WHERE n < 499)
          SELECT UNHEX(REPLACE(UUID(), '-', '')), 'orders',
-                CONCAT('key-', (a.n * 500 + b.n) MOD 200), 'OrderPlaced', '{}', X'00', 0,
+                CONCAT('key-', (a.n * 500 + b.n) MOD 200), 'OrderPlaced', '{}', X'00',
+                a.n * 500 + b.n,
                 CASE WHEN a.n >= 495 THEN 0 WHEN b.n = 250 THEN 2 ELSE 1 END, 1
          FROM d AS a CROSS JOIN d AS b;
          ANALYZE TABLE oncebox_outbox",
@@ -72,6 +73,22 @@ async fn listing_plans_read_an_index_from_before() {
             }),
             "const",
             "oncebox_outbox_id",
+        ),
+        (
+            filter(|f| {
+                f.created_from = Some(UNIX_EPOCH + Duration::from_millis(100_000));
+                f.created_until = Some(UNIX_EPOCH + Duration::from_millis(150_000));
+            }),
+            "range",
+            "oncebox_outbox_created",
+        ),
+        (
+            filter(|f| {
+                f.status = Some(RowStatus::Done);
+                f.created_until = Some(UNIX_EPOCH + Duration::from_millis(150_000));
+            }),
+            "range",
+            "oncebox_outbox_created",
         ),
     ];
     for (filter, access, index) in cases {

@@ -40,7 +40,13 @@ pub const SCHEMA_V3: &str = include_str!("../migrations/0003_emit.sql");
 /// `migrations/0004_duplicates.sql`: the duplicates each inbox consumer skipped, counted.
 pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 
-/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V4`]), with `schema`
+/// `migrations/0005_outbox_by_creation.sql`: the outbox's rows indexed by creation time,
+/// for listings filtered by time. The migrator builds it in its transaction, which holds
+/// enqueues back while it runs: on a large outbox, build it first with `CREATE INDEX
+/// CONCURRENTLY` (the file says how).
+pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V5`]), with `schema`
 /// filled in.
 ///
 /// # Errors
@@ -50,7 +56,7 @@ pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
     let schema = quote(schema);
-    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
+    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
         .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
         .join("\n"))
 }
@@ -79,6 +85,7 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
         (2, "oncebox inbox by consumer", SCHEMA_V2),
         (3, "oncebox emit", SCHEMA_V3),
         (4, "oncebox duplicates", SCHEMA_V4),
+        (5, "oncebox outbox by creation", SCHEMA_V5),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

@@ -12,7 +12,7 @@
 //! [`SqliteStore`] opens the database (WAL, `synchronous = NORMAL`, a 10 s busy
 //! timeout), runs the embedded migrations ([`SqliteStore::migrate`], recorded in
 //! `_oncebox_migrations`, apart from your own `_sqlx_migrations`) and hands out the
-//! stores. The schema's raw SQL is [`SCHEMA_V1`] to [`SCHEMA_V4`], in order, for teams
+//! stores. The schema's raw SQL is [`SCHEMA_V1`] to [`SCHEMA_V5`], in order, for teams
 //! with their own migration tool.
 //!
 //! # Example
@@ -86,7 +86,9 @@ pub use dedup::SqliteDedupStore;
 pub use durable::SqliteDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::SqliteInbox;
-pub use migrate::{MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, migrator};
+pub use migrate::{
+    MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, migrator,
+};
 pub use outbox::{DeadLetter, OutboxStats, RowState, RowStatus, SqliteOutbox};
 pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
 

@@ -25,6 +25,10 @@ pub const SCHEMA_V3: &str = include_str!("../migrations/0003_inbox_by_consumer.s
 /// counted (`migrations/0004_duplicates.sql`). Idempotent; safe with relays running.
 pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 
+/// Version 5, applied after [`SCHEMA_V4`]: the outbox's rows indexed by creation time, for
+/// listings filtered by time (`migrations/0005_outbox_by_creation.sql`). Idempotent.
+pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
+
 /// The migrator of oncebox's tables, recording its work in [`MIGRATIONS_TABLE`].
 ///
 /// [`SqliteStore::migrate`](crate::SqliteStore::migrate) runs it; call it directly to
@@ -50,6 +54,7 @@ pub fn migrator() -> Migrator {
         migration(2, "oncebox claims", SCHEMA_V2),
         migration(3, "oncebox inbox by consumer", SCHEMA_V3),
         migration(4, "oncebox duplicates", SCHEMA_V4),
+        migration(5, "oncebox outbox by creation", SCHEMA_V5),
     ];
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);

@@ -424,6 +424,11 @@ ORDER BY n",
                 &within(self.end - Duration::from_millis(self.rows / 2)),
                 None,
             ),
+            listing(
+                "created before mid depth",
+                &with(&|f| f.created_until = Some(self.end - Duration::from_millis(self.rows / 2))),
+                None,
+            ),
         ])
     }
 }

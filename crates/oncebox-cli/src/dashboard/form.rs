@@ -1,6 +1,8 @@
 //! Form fields and query parameters, `application/x-www-form-urlencoded`, with repeated
 //! names kept (a selection of dead letters is many `id` fields).
 
+use std::time::SystemTime;
+
 use axum::body::Bytes;
 
 /// The name–value pairs of a form body or a query string, in order.
@@ -36,6 +38,36 @@ impl Fields {
             .filter(|value| !value.is_empty())
     }
 
+    /// The time in `name`, if set: RFC 3339, or a `datetime-local` value (no seconds,
+    /// no zone), taken as UTC; an error naming the field's value otherwise.
+    pub(super) fn time(&self, name: &str) -> Result<Option<SystemTime>, String> {
+        self.get(name)
+            .map(|text| {
+                parse_time(text)
+                    .ok_or_else(|| format!("{text:?} is not a time such as 2026-11-27T09:30 (UTC)"))
+            })
+            .transpose()
+    }
+
+    /// The page position in `before`, if set.
+    pub(super) fn before(&self) -> Result<Option<i64>, String> {
+        self.get("before")
+            .map(|seq| {
+                seq.parse::<i64>()
+                    .map_err(|_| format!("{seq:?} is not a position"))
+            })
+            .transpose()
+    }
+
+    /// The fields among `names` that are set, as a query string.
+    pub(super) fn kept(&self, names: &[&str]) -> String {
+        encode(
+            names
+                .iter()
+                .filter_map(|&name| self.get(name).map(|value| (name, value))),
+        )
+    }
+
     /// Every non-empty value of `name`.
     pub(super) fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.0
@@ -44,6 +76,20 @@ impl Fields {
             .map(|(_, value)| value.trim())
             .filter(|value| !value.is_empty())
     }
+}
+
+/// A time typed into a filter form: RFC 3339, or a `datetime-local` value (no seconds,
+/// no zone), taken as UTC.
+fn parse_time(text: &str) -> Option<SystemTime> {
+    let text = text.trim_end_matches(['Z', 'z']);
+    let with_seconds;
+    let text = if text.len() == 16 {
+        with_seconds = format!("{text}:00");
+        &with_seconds
+    } else {
+        text
+    };
+    humantime::parse_rfc3339_weak(text).ok()
 }
 
 /// `pairs` as a query string (values percent-encoded), without the `?`.

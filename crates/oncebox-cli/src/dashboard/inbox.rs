@@ -8,8 +8,8 @@ use maud::{Markup, html};
 use oncebox::consumer::{InboxRow, InboxRowFilter};
 use oncebox::spool::RowStatus;
 
-use super::form::{Fields, encode};
-use super::pages::{PAGE_ROWS, contents, pairs, parse_time};
+use super::form::Fields;
+use super::pages::{PAGE_ROWS, contents, page_links};
 use super::session::Session;
 use super::view;
 use super::{Dashboard, Shared};
@@ -35,28 +35,7 @@ impl Filters {
                 ));
             }
         };
-        let time = |name: &str| {
-            fields
-                .get(name)
-                .map(|text| {
-                    parse_time(text).ok_or_else(|| {
-                        format!("{text:?} is not a time such as 2026-11-27T09:30 (UTC)")
-                    })
-                })
-                .transpose()
-        };
-        let before = fields
-            .get("before")
-            .map(|seq| {
-                seq.parse::<i64>()
-                    .map_err(|_| format!("{seq:?} is not a position"))
-            })
-            .transpose()?;
         let text = |name: &str| fields.get(name).map(str::to_owned);
-        let kept: Vec<(&str, &str)> = ["consumer", "status", "topic", "key", "id", "from", "until"]
-            .into_iter()
-            .filter_map(|name| fields.get(name).map(|value| (name, value)))
-            .collect();
         Ok(Self {
             filter: InboxRowFilter {
                 consumer: text("consumer"),
@@ -64,11 +43,11 @@ impl Filters {
                 topic: text("topic"),
                 key: text("key"),
                 dedup_id: text("id"),
-                received_from: time("from")?,
-                received_until: time("until")?,
+                received_from: fields.time("from")?,
+                received_until: fields.time("until")?,
             },
-            before,
-            query: encode(kept),
+            before: fields.before()?,
+            query: fields.kept(&["consumer", "status", "topic", "key", "id", "from", "until"]),
         })
     }
 }
@@ -140,14 +119,7 @@ pub(super) async fn rows(
         } @else {
             (table(&dashboard, &rows))
         }
-        nav.pages {
-            @if filters.before.is_some() {
-                a href={ (base) "/inbox?" (filters.query) } { "← Newest" }
-            }
-            @if let Some(older) = older {
-                a #older href={ (base) "/inbox?" (pairs(&filters.query, "before", &older.to_string())) } { "Older →" }
-            }
-        }
+        (page_links(&format!("{base}/inbox"), &filters.query, filters.before, older))
     };
     view::page(&dashboard, Some(&session), "Inbox", body)
 }

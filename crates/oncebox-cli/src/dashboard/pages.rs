@@ -130,54 +130,19 @@ impl Filters {
                 MessageId::parse(id).map_err(|_| format!("{id:?} is not a message id (a UUID)"))
             })
             .transpose()?;
-        let time = |name: &str| {
-            fields
-                .get(name)
-                .map(|text| {
-                    parse_time(text).ok_or_else(|| {
-                        format!("{text:?} is not a time such as 2026-11-27T09:30 (UTC)")
-                    })
-                })
-                .transpose()
-        };
-        let before = fields
-            .get("before")
-            .map(|seq| {
-                seq.parse::<i64>()
-                    .map_err(|_| format!("{seq:?} is not a position"))
-            })
-            .transpose()?;
-        let kept: Vec<(&str, &str)> = ["status", "topic", "key", "id", "from", "until"]
-            .into_iter()
-            .filter_map(|name| fields.get(name).map(|value| (name, value)))
-            .collect();
         Ok(Self {
             filter: RowFilter {
                 status,
                 topic: fields.get("topic").map(str::to_owned),
                 key: fields.get("key").map(str::to_owned),
                 id,
-                created_from: time("from")?,
-                created_until: time("until")?,
+                created_from: fields.time("from")?,
+                created_until: fields.time("until")?,
             },
-            before,
-            query: encode(kept),
+            before: fields.before()?,
+            query: fields.kept(&["status", "topic", "key", "id", "from", "until"]),
         })
     }
-}
-
-/// A time typed into the filter form: RFC 3339, or a `datetime-local` value (no
-/// seconds, no zone), taken as UTC.
-pub(super) fn parse_time(text: &str) -> Option<SystemTime> {
-    let text = text.trim_end_matches(['Z', 'z']);
-    let with_seconds;
-    let text = if text.len() == 16 {
-        with_seconds = format!("{text}:00");
-        &with_seconds
-    } else {
-        text
-    };
-    humantime::parse_rfc3339_weak(text).ok()
 }
 
 pub(super) async fn messages(
@@ -234,20 +199,33 @@ pub(super) async fn messages(
         } @else {
             (message_table(&dashboard, &rows))
         }
-        nav.pages {
-            @if filters.before.is_some() {
-                a href={ (base) "/messages?" (filters.query) } { "← Newest" }
-            }
-            @if let Some(older) = older {
-                a #older href={ (base) "/messages?" (pairs(&filters.query, "before", &older.to_string())) } { "Older →" }
-            }
-        }
+        (page_links(&format!("{base}/messages"), &filters.query, filters.before, older))
     };
     view::page(&dashboard, Some(&session), "Messages", body)
 }
 
+/// The links of a listing at `path` with the filters `query`: back to the newest page
+/// when this one starts at `before`, and on to the rows older than `older`.
+pub(super) fn page_links(
+    path: &str,
+    query: &str,
+    before: Option<i64>,
+    older: Option<i64>,
+) -> Markup {
+    html! {
+        nav.pages {
+            @if before.is_some() {
+                a href={ (path) "?" (query) } { "← Newest" }
+            }
+            @if let Some(older) = older {
+                a #older href={ (path) "?" (pairs(query, "before", &older.to_string())) } { "Older →" }
+            }
+        }
+    }
+}
+
 /// `query` with one more pair.
-pub(super) fn pairs(query: &str, name: &str, value: &str) -> String {
+fn pairs(query: &str, name: &str, value: &str) -> String {
     let added = encode([(name, value)]);
     if query.is_empty() {
         added

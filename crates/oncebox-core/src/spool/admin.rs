@@ -201,7 +201,10 @@ pub trait OutboxAdmin: Send + Sync {
     /// Up to `limit` rows that match `filter`, newest first: in descending commit
     /// order, from the row before position `before` (a [`RowState::seq`]; `None` for
     /// the newest). Passing the last row's `seq` as `before` reads the next page, which
-    /// costs the same at any depth.
+    /// costs the same at any depth. With a creation-time criterion
+    /// ([`RowFilter::created_from`], [`RowFilter::created_until`]) the order is
+    /// descending creation time, then position: the row at `before` is read for its
+    /// time, and if it is gone (purged since) the listing ends.
     ///
     /// # Errors
     ///

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use std::time::SystemTime;
 
 use oncebox_core::spool::{MinuteCount, OutboxRow, RowFilter, RowStatus};
-use oncebox_core::sql::Conditions;
+use oncebox_core::sql::{Conditions, ListingStart};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Message, Result};
 use sqlx::{MySql, QueryBuilder, Row};
@@ -17,6 +17,9 @@ use crate::spool::SpoolRow;
 use crate::spool::explain::format_plan;
 use crate::spool::sql::{DEAD, DONE, PENDING};
 use crate::sql::{NOW_MS, ms_since, query, sql_limit, uuid_bytes};
+
+/// `?` seq → the row's `created_at`.
+const CREATED: &str = "SELECT created_at FROM oncebox_outbox WHERE seq = ?";
 
 /// `?` age ms → `minute` (minutes since the Unix epoch) and `published`, per minute of
 /// `done_at` since the database's now less the age.
@@ -36,10 +39,11 @@ impl MySqlOutbox {
     /// One statement, which reads an index in descending commit order from `before` on,
     /// so a page costs the same at any depth: with no status, the primary key; with a
     /// status, the `(status, seq)` index (for done rows too); with a status and a key,
-    /// the `(status, key, seq)` index; with an id, the unique index of ids. Topic, key
-    /// (without a status) and creation time have no index of their own: rows are
-    /// filtered one by one until `limit` match, which reads every row older than
-    /// `before` where matches are rare or none are left.
+    /// the `(status, key, seq)` index; with an id, the unique index of ids; with a
+    /// creation-time window, the `(created_at, seq)` index, in descending creation time.
+    /// Topic and key (without a status) have no index of their own: rows are filtered
+    /// one by one until `limit` match, which reads every row older than `before` where
+    /// matches are rare or none are left.
     ///
     /// # Errors
     ///
@@ -55,7 +59,10 @@ impl MySqlOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        let rows = listing("", filter, before, limit)
+        let Some(start) = self.start(filter, before).await? else {
+            return Ok(Vec::new());
+        };
+        let rows = listing("", filter, start, limit)
             .build()
             .fetch_all(self.pool())
             .await
@@ -88,12 +95,33 @@ impl MySqlOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<String> {
-        let rows = listing("EXPLAIN ", filter, before, limit)
+        let Some(start) = self.start(filter, before).await? else {
+            return Ok("the row at `before` is gone: nothing is read".to_owned());
+        };
+        let rows = listing("EXPLAIN ", filter, start, limit)
             .build()
             .fetch_all(self.pool())
             .await
             .map_err(store_error)?;
         Ok(format_plan(&rows))
+    }
+
+    /// Where a page starts: the newest row, or the row before `before` in the listing's
+    /// order. In creation order the row at `before` is read for its time: `None` if it
+    /// is gone (purged since the page before), which ends the listing.
+    async fn start(&self, filter: &RowFilter, before: Option<i64>) -> Result<Option<ListingStart>> {
+        let Some(seq) = before else {
+            return Ok(Some(ListingStart::Newest));
+        };
+        if !ListingStart::by_creation(filter) {
+            return Ok(Some(ListingStart::Before { seq }));
+        }
+        let created: Option<i64> = sqlx::query_scalar(CREATED)
+            .bind(seq)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(created.map(|created| ListingStart::BeforeCreated { created, seq }))
     }
 
     /// Messages published per minute since `since`, by the database's clock, oldest
@@ -134,12 +162,15 @@ impl MySqlOutbox {
 fn listing(
     prefix: &str,
     filter: &RowFilter,
-    before: Option<i64>,
+    start: ListingStart,
     limit: usize,
 ) -> QueryBuilder<MySql> {
+    let by_creation = ListingStart::by_creation(filter);
     let mut query = QueryBuilder::new(prefix);
     query.push(&SQL.listing);
-    if filter.status.is_some() && filter.id.is_none() {
+    if by_creation && filter.id.is_none() {
+        query.push(" FORCE INDEX (oncebox_outbox_created)");
+    } else if filter.status.is_some() && filter.id.is_none() {
         // Left to itself, MariaDB reads the rows of a status by the index's first
         // column only, and walks every row of the status after `before` to reach it.
         query.push(if filter.key.is_some() {
@@ -175,12 +206,30 @@ fn listing(
             .and("t.created_at < ")
             .push_bind(to_unix_millis(until));
     }
-    if let Some(before) = before {
-        conditions.and("t.seq < ").push_bind(before);
+    match start {
+        ListingStart::Newest => {}
+        ListingStart::Before { seq } => {
+            conditions.and("t.seq < ").push_bind(seq);
+        }
+        // Spelled out rather than as a row comparison, which MySQL does not read as a
+        // range of the index.
+        ListingStart::BeforeCreated { created, seq } => {
+            conditions
+                .and("t.created_at <= ")
+                .push_bind(created)
+                .push(" AND (t.created_at < ")
+                .push_bind(created)
+                .push(" OR t.seq < ")
+                .push_bind(seq)
+                .push(")");
+        }
     }
-    query
-        .push(" ORDER BY t.seq DESC LIMIT ")
-        .push_bind(sql_limit(limit));
+    query.push(if by_creation {
+        " ORDER BY t.created_at DESC, t.seq DESC LIMIT "
+    } else {
+        " ORDER BY t.seq DESC LIMIT "
+    });
+    query.push_bind(sql_limit(limit));
     query
 }
 

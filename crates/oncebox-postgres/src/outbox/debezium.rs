@@ -2,6 +2,7 @@
 
 use oncebox_core::{Error, Result};
 
+use super::sql::created_expression;
 use crate::ident::{self, KEY_CLASS, derived, qualified, quote};
 
 /// The type of the `payload` column of a Debezium-style outbox table.
@@ -209,6 +210,8 @@ CREATE INDEX IF NOT EXISTS {done} ON {table} (oncebox_done_at)
     WHERE oncebox_status = 'done';
 CREATE INDEX IF NOT EXISTS {dead} ON {table} (oncebox_seq)
     WHERE oncebox_status = 'dead';
+-- Listings filtered by creation time read rows newest first from this index.
+CREATE INDEX IF NOT EXISTS {created_index} ON {table} (({created}), oncebox_seq);
 
 -- Per-aggregate commit order for every producer: lock the aggregate, then take the seq.
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $oncebox$
@@ -230,6 +233,8 @@ CREATE TRIGGER {trigger} BEFORE INSERT ON {table}
             pending_unkeyed = index("oncebox_pending_unkeyed"),
             done = index("oncebox_done"),
             dead = index("oncebox_dead"),
+            created_index = index("oncebox_created"),
+            created = created_expression(self.timestamp(), ""),
         ))
     }
 }

@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use oncebox_core::spool::{MinuteCount, OutboxRow, RowFilter, RowStatus};
-use oncebox_core::sql::Conditions;
+use oncebox_core::sql::{Conditions, ListingStart};
 use oncebox_core::{Message, Result};
 use sqlx::{Postgres, QueryBuilder, Row};
 
@@ -12,7 +12,7 @@ use super::PgOutbox;
 use super::admin::decode_state;
 use crate::error::{RowReader, store_error};
 use crate::spool::{SpoolRow, query, sql_limit};
-use crate::time::{from_micros, ms_since, to_micros};
+use crate::time::{from_micros, micros_of, ms_since, to_micros};
 
 impl PgOutbox {
     /// Up to `limit` rows that match `filter`, newest first, from the row before `before`
@@ -26,14 +26,16 @@ impl PgOutbox {
     ///   `outbox_dead`), which holds only those rows;
     /// - status done: the primary key (done rows are most of the table);
     /// - an id: the unique index of ids, at most one row;
-    /// - pending rows of one key: the partial index of pending keys.
+    /// - pending rows of one key: the partial index of pending keys;
+    /// - a creation-time window: the index by creation time (`outbox_created`), read
+    ///   newest first from the window's end (or from the row at `before`, read first for
+    ///   its time), in descending creation time, then position.
     ///
-    /// Topic, key (of other statuses) and creation time have no index of their own, and
-    /// adding one would cost every enqueue: the index the statement reads is filtered
-    /// row by row until `limit` rows match, which is quick where matches are common (a
-    /// topic among a few, a key among hundreds) and reads every row older than `before`
-    /// where they are rare or none are left (a key with few rows, a time range far back,
-    /// the last page of any of them).
+    /// Topic and key (of other statuses) have no index of their own, and adding one
+    /// would cost every enqueue: the index the statement reads is filtered row by row
+    /// until `limit` rows match, which is quick where matches are common (a topic among
+    /// a few, a key among hundreds) and reads every row older than `before` where they
+    /// are rare or none are left (a key with few rows, the last page of any filter).
     ///
     /// # Errors
     ///
@@ -49,7 +51,10 @@ impl PgOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        let mut listing = self.listing("", filter, before, limit);
+        let Some(start) = self.start(filter, before).await? else {
+            return Ok(Vec::new());
+        };
+        let mut listing = self.listing("", filter, start, limit);
         let rows = listing
             .build()
             .fetch_all(self.pool())
@@ -84,7 +89,10 @@ impl PgOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<String> {
-        let mut listing = self.listing("EXPLAIN (ANALYZE, BUFFERS) ", filter, before, limit);
+        let Some(start) = self.start(filter, before).await? else {
+            return Ok("the row at `before` is gone: nothing is read".to_owned());
+        };
+        let mut listing = self.listing("EXPLAIN (ANALYZE, BUFFERS) ", filter, start, limit);
         let lines = listing
             .build()
             .fetch_all(self.pool())
@@ -140,6 +148,35 @@ impl PgOutbox {
             .collect()
     }
 
+    /// Where a page starts: the newest row, or the row before `before` in the listing's
+    /// order. With a creation-time criterion that order is by creation time, and the
+    /// row at `before` is read for its time: `None` if it is gone (purged since the
+    /// page before), which ends the listing.
+    async fn start(&self, filter: &RowFilter, before: Option<i64>) -> Result<Option<ListingStart>> {
+        let Some(seq) = before else {
+            return Ok(Some(ListingStart::Newest));
+        };
+        if !ListingStart::by_creation(filter) {
+            return Ok(Some(ListingStart::Before { seq }));
+        }
+        let sql = &self.sql().listing;
+        let mut query = QueryBuilder::new("SELECT ");
+        query
+            .push(micros_of(&sql.created))
+            .push(" FROM ")
+            .push(&self.sql().table)
+            .push(" AS t WHERE ")
+            .push(&sql.seq)
+            .push(" = ")
+            .push_bind(seq);
+        let created: Option<i64> = query
+            .build_query_scalar()
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(created.map(|created| ListingStart::BeforeCreated { created, seq }))
+    }
+
     /// The listing statement, after `prefix`, with a condition for each criterion of
     /// `filter` that is set: the status as a literal (the planner then reads the
     /// status's partial index in every plan, cached or not), every value bound.
@@ -147,7 +184,7 @@ impl PgOutbox {
         &self,
         prefix: &str,
         filter: &RowFilter,
-        before: Option<i64>,
+        start: ListingStart,
         limit: usize,
     ) -> QueryBuilder<Postgres> {
         let sql = &self.sql().listing;
@@ -188,11 +225,28 @@ impl PgOutbox {
         if let Some(until) = filter.created_until {
             push_time(conditions.and(&sql.created).push(" < "), until);
         }
-        if let Some(before) = before {
-            conditions.and(&sql.seq).push(" < ").push_bind(before);
+        match start {
+            ListingStart::Newest => {}
+            ListingStart::Before { seq } => {
+                conditions.and(&sql.seq).push(" < ").push_bind(seq);
+            }
+            ListingStart::BeforeCreated { created, seq } => {
+                let row = conditions
+                    .and("(")
+                    .push(&sql.created)
+                    .push(", ")
+                    .push(&sql.seq);
+                push_micros(row.push(") < ("), created)
+                    .push(", ")
+                    .push_bind(seq)
+                    .push(")");
+            }
+        }
+        query.push(" ORDER BY ");
+        if ListingStart::by_creation(filter) {
+            query.push(&sql.created).push(" DESC, ");
         }
         query
-            .push(" ORDER BY ")
             .push(&sql.seq)
             .push(" DESC LIMIT ")
             .push_bind(sql_limit(limit));
@@ -202,10 +256,15 @@ impl PgOutbox {
 
 /// Pushes `time` as a `timestamptz` made of a bound count of microseconds (exact).
 pub(crate) fn push_time(query: &mut QueryBuilder<Postgres>, time: SystemTime) {
+    push_micros(query, to_micros(time));
+}
+
+/// Pushes `micros` since the Unix epoch as a `timestamptz`, the count bound.
+fn push_micros(query: &mut QueryBuilder<Postgres>, micros: i64) -> &mut QueryBuilder<Postgres> {
     query
         .push("(timestamptz 'epoch' + ")
-        .push_bind(to_micros(time))
-        .push("::bigint * interval '1 microsecond')");
+        .push_bind(micros)
+        .push("::bigint * interval '1 microsecond')")
 }
 
 /// The stored value of `status`, as SQL.

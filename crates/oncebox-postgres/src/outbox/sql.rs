@@ -112,15 +112,26 @@ RETURNING seq",
 }
 
 /// The names of a Debezium-style table.
+/// A Debezium-style table's creation time, its columns prefixed with `alias`: the
+/// timestamp column if the layout names one (oncebox's own when that is NULL), else
+/// oncebox's. The listing's order and the index of the table's migration are this
+/// expression, so that the index serves the order.
+pub(crate) fn created_expression(timestamp: Option<&str>, alias: &str) -> String {
+    match timestamp {
+        Some(column) => format!(
+            "coalesce({alias}{}, {alias}oncebox_created_at)",
+            quote(column)
+        ),
+        None => format!("{alias}oncebox_created_at"),
+    }
+}
+
 pub(crate) fn debezium(layout_options: &DebeziumLayout) -> OutboxSql {
     let (schema, name) = (layout_options.schema(), layout_options.name());
     let table = qualified(schema, name);
     let oid = table_oid(schema, name);
     let prefix = layout_options.prefix();
-    let created = match layout_options.timestamp() {
-        Some(column) => format!("coalesce(t.{}, t.oncebox_created_at)", quote(column)),
-        None => "t.oncebox_created_at".to_owned(),
-    };
+    let created = created_expression(layout_options.timestamp(), "t.");
     let payload_read = match layout_options.payload_type() {
         DebeziumPayload::Bytea => "coalesce(t.payload, ''::bytea)".to_owned(),
         _ => "coalesce(convert_to(t.payload::text, 'UTF8'), ''::bytea)".to_owned(),

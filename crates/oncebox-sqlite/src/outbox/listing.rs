@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use oncebox_core::spool::{MinuteCount, OutboxRow, RowFilter, RowStatus};
-use oncebox_core::sql::Conditions;
+use oncebox_core::sql::{Conditions, ListingStart};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{Message, Result};
 use sqlx::{QueryBuilder, Row, Sqlite};
@@ -22,9 +22,11 @@ impl SqliteOutbox {
     /// so a page costs the same at any depth: with no status or status done, the table
     /// itself (its rowid is the `seq`); with status pending or dead, the partial index of
     /// that status; with an id, the unique index of ids; pending rows of one key, the
-    /// partial index of pending keys. Topic, key (of other statuses) and creation time
-    /// have no index of their own: rows are filtered one by one until `limit` match,
-    /// which reads every row older than `before` where matches are rare or none are left.
+    /// partial index of pending keys; a creation-time window, the index by creation time
+    /// (`oncebox_outbox_created`), in descending creation time. Topic and key (of other
+    /// statuses) have no index of their own: rows are filtered one by one until `limit`
+    /// match, which reads every row older than `before` where matches are rare or none
+    /// are left.
     ///
     /// # Errors
     ///
@@ -40,7 +42,10 @@ impl SqliteOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        let rows = listing("", filter, before, limit)
+        let Some(start) = self.start(filter, before).await? else {
+            return Ok(Vec::new());
+        };
+        let rows = listing("", filter, start, limit)
             .build()
             .fetch_all(self.pool())
             .await
@@ -55,6 +60,24 @@ impl SqliteOutbox {
                 })
             })
             .collect()
+    }
+
+    /// Where a page starts: the newest row, or the row before `before` in the listing's
+    /// order. In creation order the row at `before` is read for its time: `None` if it
+    /// is gone (purged since the page before), which ends the listing.
+    async fn start(&self, filter: &RowFilter, before: Option<i64>) -> Result<Option<ListingStart>> {
+        let Some(seq) = before else {
+            return Ok(Some(ListingStart::Newest));
+        };
+        if !ListingStart::by_creation(filter) {
+            return Ok(Some(ListingStart::Before { seq }));
+        }
+        let created: Option<i64> = sqlx::query_scalar(sql::CREATED)
+            .bind(seq)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(created.map(|created| ListingStart::BeforeCreated { created, seq }))
     }
 
     /// Messages published per minute since `since`, oldest minute first (see
@@ -95,7 +118,7 @@ impl SqliteOutbox {
 fn listing(
     prefix: &str,
     filter: &RowFilter,
-    before: Option<i64>,
+    start: ListingStart,
     limit: usize,
 ) -> QueryBuilder<Sqlite> {
     let mut query = QueryBuilder::new(prefix);
@@ -123,12 +146,26 @@ fn listing(
             .and("o.created_at < ")
             .push_bind(to_unix_millis(until));
     }
-    if let Some(before) = before {
-        conditions.and("o.seq < ").push_bind(before);
+    match start {
+        ListingStart::Newest => {}
+        ListingStart::Before { seq } => {
+            conditions.and("o.seq < ").push_bind(seq);
+        }
+        ListingStart::BeforeCreated { created, seq } => {
+            conditions
+                .and("(o.created_at, o.seq) < (")
+                .push_bind(created)
+                .push(", ")
+                .push_bind(seq)
+                .push(")");
+        }
     }
-    query
-        .push(" ORDER BY o.seq DESC LIMIT ")
-        .push_bind(sql_limit(limit));
+    query.push(if ListingStart::by_creation(filter) {
+        " ORDER BY o.created_at DESC, o.seq DESC LIMIT "
+    } else {
+        " ORDER BY o.seq DESC LIMIT "
+    });
+    query.push_bind(sql_limit(limit));
     query
 }
 
@@ -154,7 +191,7 @@ mod tests {
     /// no sort, no scan of the table in another order, on an empty database and with
     /// statistics taken on a large one.
     #[tokio::test]
-    async fn listings_read_an_index_in_commit_order() {
+    async fn listings_read_an_index_in_their_order() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = SqliteStore::connect(dir.path().join("listing.db"))
             .await
@@ -213,9 +250,35 @@ mod tests {
                 with(Some(RowStatus::Dead), None, Some(MessageId::new())),
                 "sqlite_autoindex_oncebox_outbox",
             ),
+            (
+                "created in a window",
+                RowFilter {
+                    created_from: Some(from_unix_millis(5_000)),
+                    created_until: Some(from_unix_millis(15_000)),
+                    ..RowFilter::default()
+                },
+                "oncebox_outbox_created",
+            ),
+            (
+                "done, created before a time",
+                RowFilter {
+                    status: Some(RowStatus::Done),
+                    created_until: Some(from_unix_millis(15_000)),
+                    ..RowFilter::default()
+                },
+                "oncebox_outbox_created",
+            ),
         ];
         for (name, filter, index) in cases {
-            let plan: Vec<String> = listing("EXPLAIN QUERY PLAN ", &filter, Some(10_000), 50)
+            let start = if ListingStart::by_creation(&filter) {
+                ListingStart::BeforeCreated {
+                    created: 12_000,
+                    seq: 10_000,
+                }
+            } else {
+                ListingStart::Before { seq: 10_000 }
+            };
+            let plan: Vec<String> = listing("EXPLAIN QUERY PLAN ", &filter, start, 50)
                 .build()
                 .fetch_all(store.pool())
                 .await

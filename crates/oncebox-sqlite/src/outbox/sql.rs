@@ -143,6 +143,9 @@ FROM oncebox_outbox AS o"
 /// [`STATUS`] with the message.
 pub(super) const ROW: &str = concat!(listed_row!(), " WHERE o.id = ?1");
 
+/// `?1` seq → the row's `created_at`.
+pub(super) const CREATED: &str = "SELECT created_at FROM oncebox_outbox WHERE seq = ?1";
+
 /// The listing, up to its `WHERE`: the columns of [`ROW`].
 pub(super) const LISTING: &str = listed_row!();
 

@@ -17,8 +17,9 @@ pub const LISTED: u64 = 12;
 
 /// Fills an empty outbox with [`LISTED`] messages, enqueued by `enqueue`: payloads `0`,
 /// `1`, …, each created a minute after the one before (from an hour ago, on a whole
-/// second), on topics `payments` (every third) and `orders` under `prefix`, with keys
-/// `k-a`, `k-b` and none in turn. `1` and `5` end dead (reason `refused`), `9` and later
+/// second), but `10`, created between `2` and `3` (a producer's clock may run behind);
+/// on topics `payments` (every third) and `orders` under `prefix`, with keys `k-a`,
+/// `k-b` and none in turn. `1` and `5` end dead (reason `refused`), `9` and later
 /// pending, the others done. Returns the first creation time.
 ///
 /// # Panics
@@ -37,7 +38,11 @@ where
         .map(|n| {
             let topic = if n % 3 == 0 { "payments" } else { "orders" };
             let mut message = Message::new(format!("{prefix}{topic}"), n.to_string());
-            message.created_at = first + Duration::from_secs(60 * n);
+            message.created_at = if n == 10 {
+                first + Duration::from_secs(150)
+            } else {
+                first + Duration::from_secs(60 * n)
+            };
             match n % 3 {
                 0 => message.with_key("k-a"),
                 1 => message.with_key("k-b"),
@@ -67,9 +72,10 @@ where
     first
 }
 
-/// [`OutboxAdmin::rows`] lists the rows newest first with their state; each filter
-/// alone and combined selects what it says; a filter matching nothing lists nothing;
-/// pages read by `before` list every match once, in order, full but the last.
+/// [`OutboxAdmin::rows`] lists the rows newest first with their state (in creation
+/// order with a creation-time criterion); each filter alone and combined selects what it
+/// says; a filter matching nothing lists nothing; pages read by `before` list every
+/// match once, in order, full but the last.
 pub async fn rows_listed_newest_first_filtered_and_paged<H>(harness: &H)
 where
     H: OutboxHarness,
@@ -183,6 +189,14 @@ pub async fn check_listing<O: OutboxAdmin>(outbox: &O, prefix: &str, first: Syst
         (filter(|f| f.status = Some(RowStatus::Done)), 2),
         (filter(|f| f.topic = Some(orders.clone())), 3),
         (filter(|f| f.status = Some(RowStatus::Pending)), 3),
+        (filter(|f| f.created_from = Some(minute(1))), 2),
+        (
+            filter(|f| {
+                f.created_until = Some(minute(9));
+                f.status = Some(RowStatus::Done);
+            }),
+            2,
+        ),
     ] {
         let expected = matching(&all, &filter);
         let mut listed = Vec::new();
@@ -212,9 +226,11 @@ fn filter(set: impl FnOnce(&mut RowFilter)) -> RowFilter {
     filter
 }
 
-/// The labels of the rows of `all` that `filter` selects, in their order.
+/// The labels of the rows of `all` (newest first in commit order) that `filter`
+/// selects, in the listing's order.
 fn matching(all: &[OutboxRow], filter: &RowFilter) -> Vec<String> {
-    all.iter()
+    let mut selected: Vec<&OutboxRow> = all
+        .iter()
         .filter(|row| {
             let (state, message) = (&row.state, &row.message);
             filter.status.is_none_or(|status| state.status == status)
@@ -231,8 +247,12 @@ fn matching(all: &[OutboxRow], filter: &RowFilter) -> Vec<String> {
                     .created_until
                     .is_none_or(|until| message.created_at < until)
         })
-        .map(|row| label(&row.message))
-        .collect()
+        .collect();
+    if filter.created_from.is_some() || filter.created_until.is_some() {
+        // Newest created first, then newest committed: stable on the commit order.
+        selected.sort_by(|a, b| b.message.created_at.cmp(&a.message.created_at));
+    }
+    selected.iter().map(|row| label(&row.message)).collect()
 }
 
 fn label(message: &Message) -> String {
