@@ -344,11 +344,47 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
         .screenshot(shots.join("confirm.png"))
         .await
         .expect("a screenshot");
+    // An older row of the group dies while the operator reads the confirmation: the
+    // change must not take a letter that was not confirmed.
+    psql(&format!(
+        "UPDATE {schema}.outbox
+         SET topic = 'payments', status = 'dead', attempts = 10, dead_at = now(),
+             last_error = 'publish failed: broker refused message 1203'
+         WHERE seq = (SELECT min(seq) FROM {schema}.outbox WHERE key = 'later')"
+    ));
     browser.click("#confirm").await.expect("confirmed");
     browser.wait_for("#outcome").await.expect("the outcome");
     assert_eq!(
         browser.text("#outcome").await.expect("an outcome"),
-        "Replayed 2 of 2"
+        "The group changed: nothing was done"
+    );
+    assert_eq!(
+        status_of(&schema, PAYMENT_A),
+        "dead",
+        "nothing was replayed"
+    );
+    browser.click("main a").await.expect("back to the group");
+    browser
+        .wait_for("button[value=replay-group]")
+        .await
+        .expect("the group");
+    browser
+        .click("button[value=replay-group]")
+        .await
+        .expect("asked again");
+    browser
+        .wait_for("#confirm")
+        .await
+        .expect("the confirmation");
+    assert_eq!(
+        browser.text("h1").await.expect("a question"),
+        "Replay 3 dead letters?"
+    );
+    browser.click("#confirm").await.expect("confirmed");
+    browser.wait_for("#outcome").await.expect("the outcome");
+    assert_eq!(
+        browser.text("#outcome").await.expect("an outcome"),
+        "Replayed 3 of 3"
     );
     for id in [PAYMENT_A, PAYMENT_B] {
         wait_for(
@@ -365,8 +401,21 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
         browser.text(".facts .badge").await.expect("a status"),
         "published"
     );
+    wait_for(
+        "the relay published the third replayed letter",
+        Duration::from_secs(30),
+        || {
+            let pending = psql(&format!(
+                "SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'"
+            ));
+            (pending == "4").then_some(())
+        },
+    );
     let published = published_on_redis(&schema).await;
-    assert_eq!(published, 2, "both replayed letters reached the stream");
+    assert_eq!(
+        published, 3,
+        "the three replayed letters reached the stream"
+    );
 
     // Read-only: the same letter offers no action, and a change with a valid CSRF token
     // is refused.

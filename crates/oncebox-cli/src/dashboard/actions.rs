@@ -1,6 +1,8 @@
 //! What changes data: replay and purge of dead letters — one, a selection, or a whole
 //! failure group — always in two steps: a confirmation that names how many, then the
-//! change. Both steps check the session's CSRF token and refuse in read-only mode.
+//! change, which acts on exactly the letters confirmed (a group that changed in between
+//! is refused, to be confirmed again). Both steps check the session's CSRF token and
+//! refuse in read-only mode.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -10,6 +12,7 @@ use axum::response::Response;
 use maud::html;
 use oncebox::MessageId;
 use oncebox::spool::OutboxAdmin;
+use sha2::{Digest, Sha256};
 
 use super::failures;
 use super::form::Fields;
@@ -59,7 +62,24 @@ enum Target {
         topic: String,
         signature: String,
         through: i64,
+        /// What the confirmation named, when applying: the change is refused unless
+        /// the group is still exactly that.
+        confirmed: Option<String>,
     },
+}
+
+/// A digest of `ids`, in their order, which the confirmation of a group carries to the
+/// change: letters of older positions that died in between, or left, change it.
+fn digest(ids: &[MessageId]) -> String {
+    let mut hasher = Sha256::new();
+    for id in ids {
+        hasher.update(id.as_uuid().as_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 /// A request to change something, read from a form, its session's CSRF token checked.
@@ -117,6 +137,7 @@ impl Request {
                 topic: topic.to_owned(),
                 signature: signature.to_owned(),
                 through,
+                confirmed: fields.get("confirmed").map(str::to_owned),
             }
         } else {
             let ids = fields
@@ -140,6 +161,7 @@ impl Request {
                 topic,
                 signature,
                 through,
+                ..
             } => failures::members(&dashboard.outbox, topic, signature, *through).await,
         }
     }
@@ -182,11 +204,12 @@ pub(super) async fn confirm(
                     input type="hidden" name="action" value=(action.field());
                     @for id in ids { input type="hidden" name="id" value=(id); }
                 }
-                Target::Group { topic, signature, through } => {
+                Target::Group { topic, signature, through, .. } => {
                     input type="hidden" name="action" value={ (action.field()) "-group" };
                     input type="hidden" name="topic" value=(topic);
                     input type="hidden" name="signature" value=(signature);
                     input type="hidden" name="through" value=(through);
+                    input type="hidden" name="confirmed" value=(digest(&ids));
                 }
             }
             button #confirm .danger[action == Action::Purge] type="submit" { (action.verb()) " " (count) }
@@ -210,6 +233,41 @@ pub(super) async fn apply(
         Ok(ids) => ids,
         Err(error) => return view::store_failed(&dashboard, &session, &error),
     };
+    if let Target::Group {
+        topic,
+        signature,
+        confirmed,
+        ..
+    } = &request.target
+    {
+        let Some(confirmed) = confirmed else {
+            return view::error(
+                &dashboard,
+                Some(&session),
+                StatusCode::BAD_REQUEST,
+                "A group's change comes from its confirmation.",
+            );
+        };
+        if *confirmed != digest(&ids) {
+            let again =
+                super::form::encode([("topic", topic.as_str()), ("signature", signature.as_str())]);
+            let body = html! {
+                h1 #outcome { "The group changed: nothing was done" }
+                p {
+                    "Since the confirmation, letters of this group died or left it; it now has "
+                    (ids.len()) ". Look at it again before confirming."
+                }
+                p { a href={ (dashboard.base) "/failures/group?" (again) } { "Back to the group" } }
+            };
+            return view::page_with_status(
+                &dashboard,
+                Some(&session),
+                StatusCode::CONFLICT,
+                "Changed",
+                body,
+            );
+        }
+    }
     let mut changed = 0usize;
     for id in &ids {
         let result = match request.action {
