@@ -114,6 +114,14 @@ mod tests {
     }
 
     #[test]
+    fn filter_times_are_read_as_utc() {
+        let expected = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_759_800);
+        assert_eq!(parse_time("2026-11-27T06:10"), Some(expected));
+        assert_eq!(parse_time("2026-11-27T06:10:00Z"), Some(expected));
+        assert_eq!(parse_time("yesterday"), None);
+    }
+
+    #[test]
     fn encoded_pairs_decode_back() {
         let query = encode([("topic", "a b&c"), ("key", "ü")]);
         let fields = Fields::parse(query.as_bytes());

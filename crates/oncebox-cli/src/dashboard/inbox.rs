@@ -216,3 +216,24 @@ pub(super) async fn row(
     };
     view::page(&dashboard, Some(&session), "Inbox row", body)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_filters_are_named() {
+        let problem = |query: &str| Filters::read(&Fields::parse(query.as_bytes())).err();
+        assert!(problem("status=done").is_some_and(|p| p.contains("pending, handled or dead")));
+        assert!(problem("until=later").is_some_and(|p| p.contains("not a time")));
+        assert!(problem("before=-x").is_some_and(|p| p.contains("not a position")));
+        let read = Filters::read(&Fields::parse(
+            b"consumer=billing&status=handled&id=m-1&x=y",
+        ))
+        .expect("good filters");
+        assert_eq!(read.filter.consumer.as_deref(), Some("billing"));
+        assert_eq!(read.filter.status, Some(RowStatus::Done));
+        assert_eq!(read.filter.dedup_id.as_deref(), Some("m-1"));
+        assert_eq!(read.query, "consumer=billing&status=handled&id=m-1");
+    }
+}

@@ -250,7 +250,7 @@ fn matching(all: &[OutboxRow], filter: &RowFilter) -> Vec<String> {
         .collect();
     if filter.created_from.is_some() || filter.created_until.is_some() {
         // Newest created first, then newest committed: stable on the commit order.
-        selected.sort_by(|a, b| b.message.created_at.cmp(&a.message.created_at));
+        selected.sort_by_key(|row| std::cmp::Reverse(row.message.created_at));
     }
     selected.iter().map(|row| label(&row.message)).collect()
 }
