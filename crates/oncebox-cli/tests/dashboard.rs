@@ -16,6 +16,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use oncebox::redis::RedisDedupStore;
+use oncebox::store::{Begin, DedupStore};
 use oncebox_testkit::browser::{Browser, BrowserOptions, SameSite};
 use support::{Service, psql, run_ok, wait_for, write_config};
 
@@ -148,6 +150,57 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
         .screenshot(shots.join("keys.png"))
         .await
         .expect("a screenshot");
+    assert_eq!(
+        browser.text("#redis-key-state").await.expect("a state"),
+        "No record of payment-42: never seen, or expired.",
+        "Redis is looked up too, and holds no such record"
+    );
+
+    // A record of an idempotent receiver on Redis, found there and not in the store.
+    let redis_dedup = RedisDedupStore::connect(&support::redis_url())
+        .await
+        .expect("Redis answers")
+        .with_prefix(format!("{schema}:dedup"));
+    let Begin::Started(token) = redis_dedup
+        .begin("order-7", Duration::from_secs(30))
+        .await
+        .expect("begin")
+    else {
+        panic!("a fresh id starts");
+    };
+    redis_dedup
+        .complete(
+            "order-7",
+            token,
+            br#"{"shipped": 7}"#,
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("complete");
+    browser
+        .goto(&format!("{site}/keys?id=order-7"))
+        .await
+        .expect("loads");
+    assert_eq!(
+        browser.text("#redis-key-state").await.expect("a state"),
+        "completed"
+    );
+    assert!(
+        browser
+            .text("#redis-key-result")
+            .await
+            .expect("a result")
+            .contains("\"shipped\": 7"),
+        "the result stored in Redis, pretty-printed"
+    );
+    assert!(
+        browser
+            .text("#key-state")
+            .await
+            .expect("a state")
+            .starts_with("No record"),
+        "the store has no record of it"
+    );
     browser
         .goto(&format!("{site}/keys?id=never-seen"))
         .await
@@ -491,6 +544,8 @@ listen = "127.0.0.1:{port}"
 base_path = "{BASE}"
 token = "{TOKEN}"
 read_only = {read_only}
+redis_dedup_url = "{redis}"
+redis_dedup_prefix = "{schema}:dedup"
 "#,
             pg = support::pg_url(),
             redis = support::redis_url(),

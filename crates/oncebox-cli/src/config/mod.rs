@@ -350,6 +350,13 @@ pub(crate) struct DashboardConfig {
     pub(crate) secure_cookie: bool,
     /// How long a login lasts.
     pub(crate) session_ttl: Span,
+    /// The Redis server holding an idempotent receiver's dedup records (`redis://…`),
+    /// for the keys page to look ids up in besides the store's own. A secret, as the URL
+    /// may carry a password (`ONCEBOX_DASHBOARD__REDIS_DEDUP_URL` or `…_FILE`).
+    pub(crate) redis_dedup_url: Option<Secret>,
+    /// The key prefix those records are under (`RedisDedupStore::with_prefix`); unset:
+    /// the store's default.
+    pub(crate) redis_dedup_prefix: Option<String>,
 }
 
 impl Default for DashboardConfig {
@@ -361,6 +368,8 @@ impl Default for DashboardConfig {
             read_only: true,
             secure_cookie: false,
             session_ttl: Span::secs(12 * 3600),
+            redis_dedup_url: None,
+            redis_dedup_prefix: None,
         }
     }
 }
@@ -774,7 +783,12 @@ impl Config {
 }
 
 /// The keys whose value may come from a file named by a `…_FILE` variable.
-const SECRETS: [&str; 3] = ["store.password", "broker.password", "dashboard.token"];
+const SECRETS: [&str; 4] = [
+    "store.password",
+    "broker.password",
+    "dashboard.token",
+    "dashboard.redis_dedup_url",
+];
 
 /// Where a value from the environment came from, for error messages.
 const FROM_ENVIRONMENT: &str = "the environment";

@@ -34,6 +34,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use oncebox::redis::RedisDedupStore;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError, DashboardConfig};
@@ -44,6 +45,8 @@ use session::Sessions;
 struct Dashboard {
     database: Arc<Database>,
     outbox: AnyOutbox,
+    /// An idempotent receiver's dedup records in Redis (`dashboard.redis_dedup_url`).
+    redis_dedup: Option<RedisDedupStore>,
     /// `""` or `"/segment…"`: prefixed to every link.
     base: String,
     read_only: bool,
@@ -78,8 +81,26 @@ impl Server {
                 format!("cannot listen on {address}: {error}"),
             )
         })?;
+        let redis_dedup = match &settings.redis_dedup_url {
+            None => None,
+            Some(url) => {
+                let store = RedisDedupStore::connect(url.expose())
+                    .await
+                    .map_err(|error| {
+                        ConfigError::key(
+                            "dashboard.redis_dedup_url",
+                            format!("cannot reach Redis: {error}"),
+                        )
+                    })?;
+                Some(match &settings.redis_dedup_prefix {
+                    Some(prefix) => store.with_prefix(prefix),
+                    None => store,
+                })
+            }
+        };
         let dashboard = Arc::new(Dashboard {
             outbox: database.outbox(config)?,
+            redis_dedup,
             database,
             base: settings.base().to_owned(),
             read_only: settings.read_only,

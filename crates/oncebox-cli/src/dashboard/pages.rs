@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use maud::{Markup, html};
 use oncebox::spool::{OutboxAdmin, OutboxRow, RowFilter, RowStatus};
-use oncebox::store::DedupState;
+use oncebox::store::{DedupRecord, DedupState, DedupStore};
 use oncebox::{Headers, MessageId};
 
 use super::failures::{self, MAX_GROUPED};
@@ -476,44 +476,69 @@ pub(super) async fn keys(
 ) -> Response {
     let fields = Fields::query(query.as_deref());
     let id = fields.get("id");
-    let record = match id {
-        Some(id) => match dashboard.database.inspect_key(id).await {
-            Ok(record) => Some(record),
+    let (mut in_store, mut in_redis) = (None, None);
+    if let Some(id) = id {
+        match dashboard.database.inspect_key(id).await {
+            Ok(record) => in_store = Some(record),
             Err(error) => return view::store_failed(&dashboard, &session, &error),
-        },
-        None => None,
-    };
+        }
+        if let Some(redis) = &dashboard.redis_dedup {
+            match redis.inspect(id).await {
+                Ok(record) => in_redis = Some(record),
+                Err(error) => return view::store_failed(&dashboard, &session, &error),
+            }
+        }
+    }
     let body = html! {
         h1 { "Idempotency keys" }
-        p.note { "The idempotent receiver's dedup records in this store: look one id up." }
+        p.note {
+            "The idempotent receiver's dedup records in this store"
+            @if dashboard.redis_dedup.is_some() { " and in Redis" }
+            ": look one id up."
+        }
         form.filters method="get" action={ (dashboard.base) "/keys" } {
             label { "Id " input type="text" name="id" size="48" value=[id] required; }
             button type="submit" { "Look up" }
         }
-        @if let (Some(id), Some(record)) = (id, record) {
-            @match record {
-                None => p #key-state .empty { "No record of " code { (id) } ": never seen, or expired." },
-                Some(record) => dl.facts {
-                    dt { "Id" } dd { code { (id) } }
-                    @match &record.state {
-                        DedupState::InProgress { lease_until } => {
-                            dt { "State" } dd #key-state { "in progress" }
-                            dt { "Lease until" } dd { (view::time(*lease_until)) }
-                        }
-                        DedupState::Completed { result } => {
-                            @let result = Payload::of(result);
-                            dt { "State" } dd #key-state { "completed" }
-                            dt { "Result" } dd { small { (result.label()) } pre #key-result { (result.text()) } }
-                        }
-                        _ => { dt { "State" } dd #key-state { "unknown" } }
-                    }
-                    dt { "Fencing token" } dd { (record.token) }
-                    dt { "Expires" } dd { (record.expires_at.map(view::time).unwrap_or_else(|| "never".to_owned())) }
-                },
+        @if let Some(id) = id {
+            @if let Some(record) = &in_store {
+                @if dashboard.redis_dedup.is_some() { h2 { "In the store" } }
+                (dedup_record("key-", id, record.as_ref()))
+            }
+            @if let Some(record) = &in_redis {
+                h2 { "In Redis" }
+                (dedup_record("redis-key-", id, record.as_ref()))
             }
         }
     };
     view::page(&dashboard, Some(&session), "Keys", body)
+}
+
+/// One dedup record of `id`, or that there is none; its elements' ids start with
+/// `prefix`.
+fn dedup_record(prefix: &str, id: &str, record: Option<&DedupRecord>) -> Markup {
+    html! {
+        @match record {
+            None => p.empty id={ (prefix) "state" } { "No record of " code { (id) } ": never seen, or expired." },
+            Some(record) => dl.facts {
+                dt { "Id" } dd { code { (id) } }
+                @match &record.state {
+                    DedupState::InProgress { lease_until } => {
+                        dt { "State" } dd id={ (prefix) "state" } { "in progress" }
+                        dt { "Lease until" } dd { (view::time(*lease_until)) }
+                    }
+                    DedupState::Completed { result } => {
+                        @let result = Payload::of(result);
+                        dt { "State" } dd id={ (prefix) "state" } { "completed" }
+                        dt { "Result" } dd { small { (result.label()) } pre id={ (prefix) "result" } { (result.text()) } }
+                    }
+                    _ => { dt { "State" } dd id={ (prefix) "state" } { "unknown" } }
+                }
+                dt { "Fencing token" } dd { (record.token) }
+                dt { "Expires" } dd { (record.expires_at.map(view::time).unwrap_or_else(|| "never".to_owned())) }
+            },
+        }
+    }
 }
 
 #[cfg(test)]
