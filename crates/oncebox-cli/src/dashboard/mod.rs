@@ -36,8 +36,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use oncebox::redis::RedisDedupStore;
 use tokio::net::TcpListener;
+use tokio::sync::OnceCell;
 
-use crate::config::{Config, ConfigError, DashboardConfig};
+use crate::config::{Config, ConfigError, DashboardConfig, Secret};
 use crate::service::backend::{AnyOutbox, Database};
 use session::Sessions;
 
@@ -46,7 +47,7 @@ struct Dashboard {
     database: Arc<Database>,
     outbox: AnyOutbox,
     /// An idempotent receiver's dedup records in Redis (`dashboard.redis_dedup_url`).
-    redis_dedup: Option<RedisDedupStore>,
+    redis_dedup: Option<RedisDedup>,
     /// `""` or `"/segment…"`: prefixed to every link.
     base: String,
     read_only: bool,
@@ -54,6 +55,48 @@ struct Dashboard {
 }
 
 type Shared = State<Arc<Dashboard>>;
+
+/// A Redis dedup store reached on first use, so that a Redis down when the process
+/// starts costs the keys page its Redis lookups until it is back, never the relay or
+/// receiver serving the dashboard its start.
+struct RedisDedup {
+    url: Secret,
+    prefix: Option<String>,
+    store: OnceCell<RedisDedupStore>,
+}
+
+impl RedisDedup {
+    /// Checks the URL (without connecting).
+    fn new(url: &Secret, prefix: Option<String>) -> Result<Self, ConfigError> {
+        ::url::Url::parse(url.expose())
+            .ok()
+            .filter(|url| matches!(url.scheme(), "redis" | "rediss"))
+            .ok_or_else(|| {
+                ConfigError::key(
+                    "dashboard.redis_dedup_url",
+                    "not a redis:// or rediss:// URL",
+                )
+            })?;
+        Ok(Self {
+            url: url.clone(),
+            prefix,
+            store: OnceCell::new(),
+        })
+    }
+
+    /// The store, connected now if it was not yet.
+    async fn store(&self) -> oncebox::Result<&RedisDedupStore> {
+        self.store
+            .get_or_try_init(|| async {
+                let store = RedisDedupStore::connect(self.url.expose()).await?;
+                Ok(match &self.prefix {
+                    Some(prefix) => store.with_prefix(prefix),
+                    None => store,
+                })
+            })
+            .await
+    }
+}
 
 /// The dashboard, ready to serve: its listener bound and its store open.
 pub(crate) struct Server {
@@ -81,23 +124,11 @@ impl Server {
                 format!("cannot listen on {address}: {error}"),
             )
         })?;
-        let redis_dedup = match &settings.redis_dedup_url {
-            None => None,
-            Some(url) => {
-                let store = RedisDedupStore::connect(url.expose())
-                    .await
-                    .map_err(|error| {
-                        ConfigError::key(
-                            "dashboard.redis_dedup_url",
-                            format!("cannot reach Redis: {error}"),
-                        )
-                    })?;
-                Some(match &settings.redis_dedup_prefix {
-                    Some(prefix) => store.with_prefix(prefix),
-                    None => store,
-                })
-            }
-        };
+        let redis_dedup = settings
+            .redis_dedup_url
+            .as_ref()
+            .map(|url| RedisDedup::new(url, settings.redis_dedup_prefix.clone()))
+            .transpose()?;
         let dashboard = Arc::new(Dashboard {
             outbox: database.outbox(config)?,
             redis_dedup,
@@ -231,4 +262,33 @@ async fn protect(request: Request, next: Next) -> Response {
         headers.insert(name, HeaderValue::from_static(value));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(text: &str) -> Secret {
+        serde_json::from_value(serde_json::Value::from(text)).expect("a string")
+    }
+
+    /// The relay or receiver serving the dashboard starts with Redis down: only a lookup
+    /// fails, without the URL's password, and the next one tries again.
+    #[tokio::test]
+    async fn a_redis_down_at_start_fails_lookups_not_the_start() {
+        assert!(RedisDedup::new(&secret("postgres://127.0.0.1/db"), None).is_err());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("redis://user:hunter2-secret@127.0.0.1:{port}");
+        let redis = RedisDedup::new(&secret(&url), None).expect("a Redis URL");
+        for attempt in ["first", "second"] {
+            let error = redis.store().await.expect_err("nothing listens there");
+            assert!(
+                !error.to_string().contains("hunter2"),
+                "{attempt} lookup: the password is shown: {error}"
+            );
+        }
+    }
 }

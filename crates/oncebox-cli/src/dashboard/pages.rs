@@ -483,7 +483,11 @@ pub(super) async fn keys(
             Err(error) => return view::store_failed(&dashboard, &session, &error),
         }
         if let Some(redis) = &dashboard.redis_dedup {
-            match redis.inspect(id).await {
+            let record = match redis.store().await {
+                Ok(store) => store.inspect(id).await,
+                Err(error) => Err(error),
+            };
+            match record {
                 Ok(record) => in_redis = Some(record),
                 Err(error) => return view::store_failed(&dashboard, &session, &error),
             }
