@@ -6,7 +6,7 @@ mod common;
 use oncebox_core::{Error, Message, MessageId, Result};
 use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
-use oncebox_testkit::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
 use oncebox_testkit::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
 
 use common::TestDb;
@@ -103,6 +103,14 @@ impl InboxHarness for MySqlHarness {
                 .map_err(Error::store_transient)?;
         Ok(u64::try_from(count).unwrap_or_default())
     }
+
+    fn connections(&self) -> Option<Connections> {
+        let pool = self.db.store.pool();
+        Some(Connections {
+            open: pool.size(),
+            idle: pool.num_idle(),
+        })
+    }
 }
 
 impl DurableInboxHarness for MySqlHarness {
@@ -118,6 +126,14 @@ impl DedupHarness for MySqlHarness {
 
     fn store(&self) -> MySqlDedupStore {
         self.db.store.dedup()
+    }
+
+    async fn count_records(&self) -> Result<Option<u64>> {
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM oncebox_dedup")
+            .fetch_one(self.db.store.pool())
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(Some(u64::try_from(count).unwrap_or_default()))
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use oncebox_core::{Error, Message, MessageId, Result};
 use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
-use oncebox_testkit::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
 use oncebox_testkit::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
 
 use common::TestDb;
@@ -35,6 +35,36 @@ impl PgHarness {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
         Ok(())
+    }
+
+    /// [`OutboxHarness::enqueue_batch`] with the outbox `outbox`.
+    async fn enqueue_batch_with(
+        &self,
+        outbox: &PgOutbox,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<()> {
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        sqlx::query("INSERT INTO conformance_effects (key) VALUES ($1)")
+            .bind(business.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::store_transient)?;
+        let batch = outbox.enqueue_batch(&mut tx, messages).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        batch
     }
 }
 
@@ -77,6 +107,16 @@ impl OutboxHarness for PgHarness {
             last_error: state.last_error,
         }))
     }
+
+    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        self.enqueue_batch_with(&outbox, business, messages, commit)
+            .await
+    }
+
+    async fn business_rows(&self, business: &str) -> Result<u64> {
+        InboxHarness::count_effects(self, business).await
+    }
 }
 
 impl InboxHarness for PgHarness {
@@ -104,6 +144,14 @@ impl InboxHarness for PgHarness {
                 .map_err(Error::store_transient)?;
         Ok(u64::try_from(count).unwrap_or_default())
     }
+
+    fn connections(&self) -> Option<Connections> {
+        let pool = self.db.store.pool();
+        Some(Connections {
+            open: pool.size(),
+            idle: pool.num_idle(),
+        })
+    }
 }
 
 impl DurableInboxHarness for PgHarness {
@@ -119,6 +167,14 @@ impl DedupHarness for PgHarness {
 
     fn store(&self) -> PgDedupStore {
         self.db.store.dedup()
+    }
+
+    async fn count_records(&self) -> Result<Option<u64>> {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dedup")
+            .fetch_one(self.db.store.pool())
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(Some(u64::try_from(count).unwrap_or_default()))
     }
 }
 
@@ -160,6 +216,14 @@ impl OutboxHarness for LeasedHarness {
 
     async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
         OutboxHarness::row_state(&self.0, id).await
+    }
+
+    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+        OutboxHarness::enqueue_batch(&self.0, business, messages, commit).await
+    }
+
+    async fn business_rows(&self, business: &str) -> Result<u64> {
+        OutboxHarness::business_rows(&self.0, business).await
     }
 }
 

@@ -39,13 +39,25 @@ async fn clean(store: &RedisDedupStore, prefix: &str) {
     }
 }
 
-struct RedisHarness(RedisDedupStore);
+struct RedisHarness(RedisDedupStore, String);
 
 impl DedupHarness for RedisHarness {
     type Store = RedisDedupStore;
 
     fn store(&self) -> RedisDedupStore {
         self.0.clone()
+    }
+
+    /// The keys under the check's prefix: the records Redis has not expired yet, and the
+    /// token counter.
+    async fn count_records(&self) -> oncebox_core::Result<Option<u64>> {
+        let mut connection = self.0.connection().clone();
+        let keys: Vec<String> = client::cmd("KEYS")
+            .arg(format!("{}*", self.1))
+            .query_async(&mut connection)
+            .await
+            .map_err(oncebox_core::Error::store_transient)?;
+        Ok(Some(keys.len() as u64))
     }
 }
 
@@ -66,7 +78,7 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $check() {
                     let (store, prefix) = super::fresh().await;
-                    let harness = super::RedisHarness(store.clone());
+                    let harness = super::RedisHarness(store.clone(), prefix.clone());
                     oncebox_testkit::dedup::$check(&harness).await;
                     super::clean(&store, &prefix).await;
                 }

@@ -55,6 +55,9 @@ macro_rules! outbox_checks {
             relay_backs_off_then_dead_letters,
             relay_cleanup_purges_published,
             rows_listed_newest_first_filtered_and_paged,
+            batch_commits_with_the_business_row,
+            batch_rolls_back_with_the_business_row,
+            batch_refusal_writes_nothing,
         );
     };
 }
@@ -78,6 +81,8 @@ macro_rules! inbox_checks {
             durable_retention_is_the_dedup_window,
             consumer_figures,
             inbox_rows_listed_newest_first_filtered_and_paged,
+            handler_timeout_rolls_back_and_dead_letters,
+            cleanup_keeps_the_window,
         );
     };
 }
@@ -99,6 +104,8 @@ macro_rules! dedup_checks {
             receiver_runs_handler_once,
             receiver_failure_frees_id,
             receiver_keeps_its_lease_while_the_handler_runs,
+            receiver_handler_timeout_frees_the_id,
+            receiver_cleanup_keeps_the_window,
         );
     };
 }

@@ -31,8 +31,11 @@
 //! | [`receiver_runs_handler_once`] | [`IdempotentReceiver`] with concurrent duplicates on 8 workers runs the handler once |
 //! | [`receiver_failure_frees_id`] | a failed handler frees the id, so the redelivery runs it again |
 //! | [`receiver_keeps_its_lease_while_the_handler_runs`] | a handler slower than its lease keeps the id: a copy meanwhile waits, never runs beside it |
+//! | [`receiver_handler_timeout_frees_the_id`] | a handler past its timeout is stopped and frees the id at once; retried, then dead-lettered with the timeout as reason |
+//! | [`receiver_cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps the store's records bounded to about one window's worth, and never forgets a record inside the window (stores that count their records) |
 //!
 //! [`IdempotentReceiver`]: oncebox_core::consumer::IdempotentReceiver
+//! [`Consumer`]: oncebox_core::consumer::Consumer
 
 use std::future::Future;
 use std::sync::Arc;
@@ -49,7 +52,8 @@ mod receiver;
 
 pub use inspect::{inspect_follows_each_state, inspect_forgets_expired_records};
 pub use receiver::{
-    receiver_failure_frees_id, receiver_keeps_its_lease_while_the_handler_runs,
+    receiver_cleanup_keeps_the_window, receiver_failure_frees_id,
+    receiver_handler_timeout_frees_the_id, receiver_keeps_its_lease_while_the_handler_runs,
     receiver_runs_handler_once,
 };
 
@@ -64,6 +68,17 @@ pub trait DedupHarness: Send + Sync {
 
     /// A handle on this harness's store. Every call returns a handle on the same data.
     fn store(&self) -> Self::Store;
+
+    /// How many records the store holds, expired ones not yet deleted included, for
+    /// [`receiver_cleanup_keeps_the_window`]. Default: `None`, and that check skips
+    /// itself.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn count_records(&self) -> impl Future<Output = Result<Option<u64>>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 const LONG_LEASE: Duration = Duration::from_secs(30);

@@ -32,8 +32,11 @@
 //! | [`durable_stale_complete_is_lease_lost`] | `complete` with a stale token is [`Error::LeaseLost`] and the rollback undoes the effect |
 //! | [`inbox_rows_listed_newest_first_filtered_and_paged`] | [`InboxAdmin::inbox_rows`] lists every consumer's durable rows newest first with their state and result; each filter selects what it says; pages list every match once |
 //! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
+//! | [`handler_timeout_rolls_back_and_dead_letters`] | a handler sleeping past its timeout under a [`Consumer`]: retried, then dead-lettered with the timeout as reason; no effect, and every connection back in the pool |
+//! | [`cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps its inbox records bounded to about one window's worth, and never deletes a record inside the window |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
+//! [`Consumer`]: oncebox_core::consumer::Consumer
 //! [`InboxAdmin::consumers`]: oncebox_core::consumer::InboxAdmin::consumers
 //! [`InboxAdmin::inbox_rows`]: oncebox_core::consumer::InboxAdmin::inbox_rows
 //! [`DurableInbox::processor`]: oncebox_core::consumer::DurableInbox::processor
@@ -55,6 +58,7 @@ mod durable;
 mod figures;
 mod listing;
 mod transactional;
+mod upkeep;
 
 pub use durable::{
     durable_accept_dedups, durable_processor_runs_each_effect_once,
@@ -68,6 +72,7 @@ pub use transactional::{
     many_concurrent_duplicates_have_one_effect, purge_is_bounded_and_selective,
     purge_respects_dedup_window,
 };
+pub use upkeep::{cleanup_keeps_the_window, handler_timeout_rolls_back_and_dead_letters};
 
 /// The transaction type of a harness's inbox store.
 pub type TxOf<H> = <<H as InboxHarness>::Store as Transactional>::Tx;
@@ -98,6 +103,22 @@ pub trait InboxHarness: Send + Sync {
     ///
     /// A store error.
     fn count_effects(&self, key: &str) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The store's connection pool as it stands, if it has one: checks that stop a
+    /// handler mid-transaction see its connection come back. Default: `None`, and those
+    /// checks leave that part out.
+    fn connections(&self) -> Option<Connections> {
+        None
+    }
+}
+
+/// A connection pool's state: connections open, and how many of them are idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// Connections the pool holds open.
+    pub open: u32,
+    /// Of those, the ones in the pool, lent to nobody.
+    pub idle: usize,
 }
 
 /// The durable inbox of an [`InboxHarness`] backend, sharing its transaction type and

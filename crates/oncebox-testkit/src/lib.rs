@@ -35,6 +35,7 @@ pub mod outbox;
 pub mod proxy;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod steady;
 mod support;
 #[cfg(feature = "otel")]
 pub mod trace;

@@ -16,7 +16,7 @@ use oncebox_sqlite::{
 use tempfile::TempDir;
 
 use crate::dedup::DedupHarness;
-use crate::inbox::{DurableInboxHarness, InboxHarness, TxOf};
+use crate::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
 use crate::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
 
 /// A migrated database in a temporary directory, plus the suite's effects table
@@ -111,6 +111,33 @@ impl OutboxHarness for SqliteHarness {
             last_error: state.last_error,
         }))
     }
+
+    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+        let outbox = self.store.outbox();
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::store_transient)?;
+        sqlx::query("INSERT INTO conformance_effects (key) VALUES (?1)")
+            .bind(business.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::store_transient)?;
+        let batch = outbox.enqueue_batch(&mut tx, messages).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        batch
+    }
+
+    async fn business_rows(&self, business: &str) -> Result<u64> {
+        InboxHarness::count_effects(self, business).await
+    }
 }
 
 impl InboxHarness for SqliteHarness {
@@ -138,6 +165,14 @@ impl InboxHarness for SqliteHarness {
                 .map_err(Error::store_transient)?;
         Ok(u64::try_from(count).unwrap_or_default())
     }
+
+    fn connections(&self) -> Option<Connections> {
+        let pool = self.store.pool();
+        Some(Connections {
+            open: pool.size(),
+            idle: pool.num_idle(),
+        })
+    }
 }
 
 impl DurableInboxHarness for SqliteHarness {
@@ -153,5 +188,13 @@ impl DedupHarness for SqliteHarness {
 
     fn store(&self) -> SqliteDedupStore {
         self.store.dedup()
+    }
+
+    async fn count_records(&self) -> Result<Option<u64>> {
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM oncebox_dedup")
+            .fetch_one(self.store.pool())
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(Some(u64::try_from(count).unwrap_or_default()))
     }
 }

@@ -20,6 +20,10 @@ impl DedupHarness for Memory {
     fn store(&self) -> Self::Store {
         Arc::clone(&self.0)
     }
+
+    async fn count_records(&self) -> oncebox_core::Result<Option<u64>> {
+        Ok(Some(self.0.len() as u64))
+    }
 }
 
 macro_rules! checks {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::process::{count_duplicate, unwind_as_error};
+use super::process::{count_duplicate, run_handler};
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::spool::{Claimed, Sink, Spool, SpoolOptions};
 use crate::store::{Accepted, DurableInboxStore};
@@ -68,6 +68,7 @@ impl<S: DurableInboxStore> DurableInbox<S> {
             store: Arc::clone(&self.store),
             handler,
             consumer: self.options.consumer.clone(),
+            handler_timeout: self.options.handler_timeout,
         };
         Spool::new(Arc::clone(&self.store), sink, options)
     }
@@ -91,12 +92,14 @@ impl<S: DurableInboxStore> Process for DurableInbox<S> {
 }
 
 /// The durable inbox's sink: runs the handler and marks the row done in one transaction,
-/// fenced by the claim's lease token. A panic of the handler is a failed attempt.
+/// fenced by the claim's lease token. A panic of the handler, or a handler past the
+/// consumer's [`handler_timeout`](ConsumerOptions::handler_timeout), is a failed attempt.
 pub struct HandlerSink<S, H> {
     store: Arc<S>,
     handler: H,
     /// The consumer's name, for its spans.
     consumer: String,
+    handler_timeout: std::time::Duration,
 }
 
 impl<S: DurableInboxStore, H: TxHandler<S::Tx>> Sink<Received> for HandlerSink<S, H> {
@@ -114,7 +117,8 @@ impl<S: DurableInboxStore, H: TxHandler<S::Tx>> Sink<Received> for HandlerSink<S
 impl<S: DurableInboxStore, H: TxHandler<S::Tx>> HandlerSink<S, H> {
     async fn deliver_in_span(&self, claimed: &Claimed<Received>) -> Result<()> {
         let mut tx = self.store.begin().await?;
-        let result = unwind_as_error(self.handler.handle(&claimed.item, &mut tx))
+        let handled = self.handler.handle(&claimed.item, &mut tx);
+        let result = run_handler(self.handler_timeout, handled)
             .await?
             .into_bytes()?;
         self.store

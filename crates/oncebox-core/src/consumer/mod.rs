@@ -31,7 +31,7 @@ pub use health::{ConsumerHealth, ConsumerHealthHandle};
 pub use id::IdStrategy;
 pub use lease::keep_lease;
 pub use options::{ConsumerOptions, StoreFailure};
-pub use process::{Outcome, Panicked, Process};
+pub use process::{Outcome, Panicked, Process, TimedOut};
 pub use receiver::IdempotentReceiver;
 pub use runner::{Consumer, process_delivery};
 pub use transactional::TransactionalInbox;

@@ -39,6 +39,9 @@ pub struct ConsumerOptions {
     pub(crate) dedup_window: Duration,
     pub(crate) lease: Duration,
     pub(crate) on_store_failure: StoreFailure,
+    pub(crate) handler_timeout: Duration,
+    pub(crate) cleanup_interval: Duration,
+    pub(crate) cleanup_batch: usize,
 }
 
 impl ConsumerOptions {
@@ -53,6 +56,9 @@ impl ConsumerOptions {
             dedup_window: Duration::from_secs(7 * 24 * 3600),
             lease: Duration::from_secs(30),
             on_store_failure: StoreFailure::FailClosed,
+            handler_timeout: Duration::from_secs(5 * 60),
+            cleanup_interval: Duration::from_secs(60),
+            cleanup_batch: 1000,
         }
     }
 
@@ -76,8 +82,10 @@ impl ConsumerOptions {
 
     /// How long dedup records are kept: a duplicate arriving later than this is processed
     /// again. It must outlast the longest redelivery your brokers can make (a rebalance
-    /// after downtime, an operator's replay). Cleanup refuses to purge records younger
-    /// than this. Default: 7 days.
+    /// after downtime, an operator's replay). The [`Consumer`](super::Consumer)'s cleanup
+    /// deletes records once they are older than this (see
+    /// [`cleanup_interval`](Self::cleanup_interval)), and a purge of younger ones is
+    /// refused. Default: 7 days.
     pub fn dedup_window(mut self, window: Duration) -> Self {
         self.dedup_window = window;
         self
@@ -94,6 +102,42 @@ impl ConsumerOptions {
     /// [`StoreFailure::FailClosed`].
     pub fn on_store_failure(mut self, mode: StoreFailure) -> Self {
         self.on_store_failure = mode;
+        self
+    }
+
+    /// How long one run of the handler may take. A handler still running then is
+    /// dropped and the attempt fails as a transient [`Error::Handler`] (its message says
+    /// it timed out): the transactional inbox rolls its transaction back and returns the
+    /// connection, the idempotent receiver frees the id, the durable inbox's processor
+    /// releases the row for a later attempt; after
+    /// [`max_attempts`](Self::max_attempts) the message is dead-lettered like any other
+    /// failure. So a stuck handler holds neither a key, a lease nor a connection for
+    /// longer than this. Dropping stops the handler at its next `.await`: work it does
+    /// without yielding (a blocking call) is not interrupted. Default: 5 minutes.
+    ///
+    /// A durable inbox's processor also bounds each whole delivery (begin, handler,
+    /// commit) by its [`SpoolOptions::dispatch_timeout`](crate::spool::SpoolOptions::dispatch_timeout);
+    /// the shorter of the two applies.
+    pub fn handler_timeout(mut self, limit: Duration) -> Self {
+        self.handler_timeout = limit;
+        self
+    }
+
+    /// Time between the [`Consumer`](super::Consumer)'s cleanup passes, which delete the
+    /// dedup records that outlived the [dedup window](Self::dedup_window): the
+    /// transactional inbox's records of this consumer, the idempotent receiver's expired
+    /// records (stores that expire records by themselves, such as Redis, have nothing to
+    /// delete). A durable inbox's rows are cleaned by its processor's spool instead.
+    /// Every process of a consumer cleans; the passes are idempotent. Default: 60 s.
+    pub fn cleanup_interval(mut self, interval: Duration) -> Self {
+        self.cleanup_interval = interval;
+        self
+    }
+
+    /// Most records deleted per cleanup statement; a pass repeats statements until one
+    /// deletes fewer. Default: 1000.
+    pub fn cleanup_batch(mut self, records: usize) -> Self {
+        self.cleanup_batch = records;
         self
     }
 
@@ -123,6 +167,21 @@ impl ConsumerOptions {
         }
         if self.lease.is_zero() {
             return Err(Error::InvalidOptions("lease must be positive".into()));
+        }
+        if self.handler_timeout.is_zero() {
+            return Err(Error::InvalidOptions(
+                "handler_timeout must be positive".into(),
+            ));
+        }
+        if self.cleanup_interval.is_zero() {
+            return Err(Error::InvalidOptions(
+                "cleanup_interval must be positive".into(),
+            ));
+        }
+        if self.cleanup_batch == 0 {
+            return Err(Error::InvalidOptions(
+                "cleanup_batch must be at least 1".into(),
+            ));
         }
         self.backoff.validate()
     }

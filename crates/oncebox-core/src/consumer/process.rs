@@ -87,6 +87,20 @@ pub trait Process: Send + Sync {
     /// Dropping the future is a crash: nothing is committed, and the message is
     /// delivered again.
     fn process(&self, received: &Received) -> impl Future<Output = Result<Outcome>> + Send;
+
+    /// Deletes at most `limit` dedup records that outlived the dedup window; returns how
+    /// many. The [`Consumer`](super::Consumer) calls it every
+    /// [`cleanup_interval`](ConsumerOptions::cleanup_interval), until a call deletes fewer
+    /// than `limit`. It must never delete a record younger than the dedup window. The
+    /// default deletes nothing (an engine whose records are cleaned elsewhere).
+    ///
+    /// # Errors
+    ///
+    /// A store error; the next pass tries again.
+    fn cleanup(&self, limit: usize) -> impl Future<Output = Result<u64>> + Send {
+        let _ = limit;
+        std::future::ready(Ok(0))
+    }
 }
 
 impl<P: Process> Process for Arc<P> {
@@ -96,6 +110,10 @@ impl<P: Process> Process for Arc<P> {
 
     fn process(&self, received: &Received) -> impl Future<Output = Result<Outcome>> + Send {
         (**self).process(received)
+    }
+
+    fn cleanup(&self, limit: usize) -> impl Future<Output = Result<u64>> + Send {
+        (**self).cleanup(limit)
     }
 }
 
@@ -115,6 +133,25 @@ pub(crate) async fn unwind_as_error<T>(future: impl Future<Output = Result<T>>) 
         Err(panic) => Err(Error::handler(Panicked::from_payload(panic.as_ref()))),
     }
 }
+
+/// Runs a handler's `future` for at most `limit`: a panic is a transient handler error
+/// ([`unwind_as_error`]), and so is a handler still running after `limit`, which is
+/// dropped there ([`TimedOut`]).
+pub(crate) async fn run_handler<T>(
+    limit: Duration,
+    future: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, unwind_as_error(future)).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::handler(TimedOut(limit))),
+    }
+}
+
+/// A handler ran past its [`handler_timeout`](ConsumerOptions::handler_timeout) and was
+/// stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("the handler did not finish within {0:?} (handler_timeout); it was stopped")]
+pub struct TimedOut(pub Duration);
 
 /// A handler panicked; the message of the panic, when it had one.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +250,37 @@ mod tests {
             on_failure(&Error::Closed, 1, 0, &options()),
             OnFailure::Stop
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_past_its_limit_is_stopped_as_a_transient_error() {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        struct Flag(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let flag = Flag(Arc::clone(&dropped));
+        let error = run_handler(Duration::from_secs(2), async move {
+            let _flag = flag;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(error, Error::Handler { .. }), "{error}");
+        assert!(error.is_transient(), "{error}");
+        assert!(
+            error.to_string().contains("did not finish within 2s"),
+            "{error}"
+        );
+        assert!(
+            dropped.load(std::sync::atomic::Ordering::SeqCst),
+            "the handler was dropped"
+        );
+        let quick = run_handler(Duration::from_secs(2), async { Ok(7) }).await;
+        assert_eq!(quick.unwrap(), 7);
     }
 
     #[tokio::test]

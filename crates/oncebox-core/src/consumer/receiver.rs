@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::lease::keep_lease;
-use super::process::unwind_as_error;
+use super::process::run_handler;
 use super::{ConsumerOptions, Handler, HandlerOutput, Outcome, Process, StoreFailure};
 use crate::store::{Begin, DedupStore};
 use crate::{Error, Received, Result};
@@ -15,7 +15,8 @@ use crate::{Error, Received, Result};
 /// lease is kept alive (extended every third of it: see [`keep_lease`]); `complete`
 /// stores the result for the dedup window. A duplicate arriving meanwhile is nacked
 /// until the holder is done; one arriving after completion is acked. A handler that
-/// fails (or panics) frees the id at once. If the lease cannot be kept (lost, or the
+/// fails, panics or runs past its [`handler_timeout`](ConsumerOptions::handler_timeout)
+/// frees the id at once. If the lease cannot be kept (lost, or the
 /// store unreachable until it would end), the handler is stopped before it ends, so two
 /// workers never run one id at once.
 ///
@@ -73,7 +74,7 @@ impl<S: DedupStore, H: Handler> Process for IdempotentReceiver<S, H> {
             }
             Err(error) => return self.store_failed(received, error).await,
         };
-        let handler = unwind_as_error(self.handler.handle(received));
+        let handler = run_handler(self.options.handler_timeout, self.handler.handle(received));
         let handled = match keep_lease(&self.store, &id, token, lease, taken_at, handler).await {
             Ok(output) => output.into_bytes(),
             Err(error) => Err(error),
@@ -102,6 +103,12 @@ impl<S: DedupStore, H: Handler> Process for IdempotentReceiver<S, H> {
             }
         }
     }
+
+    /// Deletes expired records ([`DedupStore::purge_expired`]): a completed record
+    /// expires a dedup window after its completion, so none younger is deleted.
+    async fn cleanup(&self, limit: usize) -> Result<u64> {
+        self.store.purge_expired(limit).await
+    }
 }
 
 impl<S: DedupStore, H: Handler> IdempotentReceiver<S, H> {
@@ -118,7 +125,7 @@ impl<S: DedupStore, H: Handler> IdempotentReceiver<S, H> {
                 tracing::warn!(consumer = %self.options.consumer, %error, "dedup store failed; processing without dedup (fail-open)");
                 metrics::counter!("oncebox_receiver_unguarded_total", "consumer" => self.options.consumer.clone())
                     .increment(1);
-                unwind_as_error(self.handler.handle(received)).await?;
+                run_handler(self.options.handler_timeout, self.handler.handle(received)).await?;
                 Ok(Outcome::HandledUnguarded)
             }
         }

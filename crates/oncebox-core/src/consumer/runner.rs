@@ -32,8 +32,12 @@ type Observer = Arc<dyn Fn(&Received, &Outcome) + Send + Sync>;
 /// | handled, a duplicate, stored | acked |
 /// | in progress on another worker | nacked until that worker's lease ends |
 /// | a permanent failure | dead-lettered with the reason |
-/// | a transient failure (or a panic of the handler) | nacked with backoff; dead-lettered once the broker's delivery count reaches the attempt limit |
+/// | a transient failure (a panic of the handler, a handler past its `handler_timeout`) | nacked with backoff; dead-lettered once the broker's delivery count reaches the attempt limit |
 /// | an outage of the store (connection lost, server down) | held, and processed again with backoff until the store answers; no attempt is spent |
+///
+/// While it runs, it also deletes the dedup records that outlived the dedup window,
+/// every [`cleanup_interval`](super::ConsumerOptions::cleanup_interval)
+/// ([`Process::cleanup`]).
 pub struct Consumer<Sub, P> {
     subscriber: Sub,
     processor: Arc<P>,
@@ -113,6 +117,7 @@ where
             };
             lanes.spawn(lane.run(rx));
         }
+        let cleanup = tokio::spawn(cleanup_loop(Arc::clone(&self.processor)));
         let mut round_robin = 0usize;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut failure = None;
@@ -155,6 +160,8 @@ where
             }
         }
         let _ = stop.send(true);
+        // Each cleanup statement is bounded and cancel safe: stop between any two.
+        cleanup.abort();
         drop(senders);
         while let Some(ended) = lanes.join_next().await {
             if let Err(error) = flatten(ended) {
@@ -323,6 +330,39 @@ async fn settle_in_span<P: Process, D: Delivery>(
                 tracing::warn!(consumer = %options.consumer, "the store is closed; stopping");
                 delivery.nack(Duration::ZERO).await?;
                 return Err(Error::Closed);
+            }
+        }
+    }
+}
+
+/// Every [`cleanup_interval`](super::ConsumerOptions::cleanup_interval), deletes the
+/// processor's records that outlived the dedup window ([`Process::cleanup`]), in
+/// statements of at most `cleanup_batch`, until one deletes fewer; counts them in
+/// `oncebox_consumer_purged_records_total`. A failed pass is logged and counted, and the
+/// next one tries again.
+async fn cleanup_loop<P: Process>(processor: Arc<P>) {
+    let options = processor.options();
+    let consumer = options.consumer.clone();
+    let purged =
+        metrics::counter!("oncebox_consumer_purged_records_total", "consumer" => consumer.clone());
+    let failed =
+        metrics::counter!("oncebox_consumer_cleanup_errors_total", "consumer" => consumer.clone());
+    let limit = options.cleanup_batch;
+    loop {
+        tokio::time::sleep(options.cleanup_interval).await;
+        loop {
+            match processor.cleanup(limit).await {
+                Ok(deleted) => {
+                    purged.increment(deleted);
+                    if deleted < limit as u64 {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    failed.increment(1);
+                    tracing::warn!(%consumer, %error, "cleanup of dedup records failed");
+                    break;
+                }
             }
         }
     }

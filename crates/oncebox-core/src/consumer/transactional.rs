@@ -1,6 +1,6 @@
 //! The transactional inbox: dedup record, handler effect and result in one transaction.
 
-use super::process::{count_duplicate, unwind_as_error};
+use super::process::{count_duplicate, run_handler};
 use super::{ConsumerOptions, HandlerOutput, Outcome, Process, TxHandler};
 use crate::store::{InboxStore, Recorded};
 use crate::{Error, Received, Result};
@@ -65,7 +65,8 @@ impl<S: InboxStore, H: TxHandler<S::Tx>> TransactionalInbox<S, H> {
             count_duplicate(consumer, self.store.count_duplicate(consumer)).await;
             return Ok((Outcome::Duplicate, result));
         }
-        let result = unwind_as_error(self.handler.handle(received, &mut tx))
+        let handled = self.handler.handle(received, &mut tx);
+        let result = run_handler(self.options.handler_timeout, handled)
             .await?
             .into_bytes()?;
         // A record without a stored result reads back as empty: save the round trip.
@@ -110,5 +111,11 @@ where
     async fn process(&self, received: &Received) -> Result<Outcome> {
         let (outcome, _result) = self.handle(received).await?;
         Ok(outcome)
+    }
+
+    /// Deletes this consumer's records older than the dedup window.
+    async fn cleanup(&self, limit: usize) -> Result<u64> {
+        self.purge_older_than(self.options.dedup_window, limit)
+            .await
     }
 }

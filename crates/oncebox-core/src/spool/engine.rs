@@ -418,6 +418,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         let mut total = 0;
         loop {
             let deleted = self.store.purge(before, limit).await?;
+            self.metrics.purged(deleted);
             total += deleted;
             if deleted < limit as u64 {
                 return Ok(total);
@@ -617,6 +618,7 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
                     tracing::debug!(spool = %self.options.name, deleted, "retention cleanup")
                 }
                 Err(error) => {
+                    self.metrics.cleanup_failed();
                     tracing::warn!(spool = %self.options.name, %error, "retention cleanup failed")
                 }
             }

@@ -24,6 +24,8 @@ pub(crate) struct SpoolMetrics {
     dead_rows: Gauge,
     oldest_pending: Gauge,
     backlog_failures: Counter,
+    purged: Counter,
+    cleanup_failures: Counter,
 }
 
 impl SpoolMetrics {
@@ -41,6 +43,8 @@ impl SpoolMetrics {
             dead_rows: metrics::gauge!("oncebox_spool_dead_rows", "spool" => spool.to_owned()),
             oldest_pending: metrics::gauge!("oncebox_spool_oldest_pending_age_seconds", "spool" => spool.to_owned()),
             backlog_failures: metrics::counter!("oncebox_spool_backlog_errors_total", "spool" => spool.to_owned()),
+            purged: metrics::counter!("oncebox_spool_purged_rows_total", "spool" => spool.to_owned()),
+            cleanup_failures: metrics::counter!("oncebox_spool_cleanup_errors_total", "spool" => spool.to_owned()),
         }
     }
 
@@ -90,5 +94,15 @@ impl SpoolMetrics {
     /// The backlog could not be read.
     pub(crate) fn backlog_failed(&self) {
         self.backlog_failures.increment(1);
+    }
+
+    /// Done rows deleted by one cleanup statement.
+    pub(crate) fn purged(&self, rows: u64) {
+        self.purged.increment(rows);
+    }
+
+    /// A cleanup pass failed.
+    pub(crate) fn cleanup_failed(&self) {
+        self.cleanup_failures.increment(1);
     }
 }

@@ -331,3 +331,87 @@ pub async fn receiver_keeps_its_lease_while_the_handler_runs<H: DedupHarness>(ha
     let (third, _) = within("a later copy", STEP, deliver_once(&receiver, &message, 3)).await;
     assert_eq!(third, Outcome::Duplicate, "a copy after completion");
 }
+
+/// A handler that sleeps past the consumer's
+/// [`handler_timeout`](ConsumerOptions::handler_timeout) is stopped: each delivery fails
+/// as transient and frees the id at once (the lease is far longer, so only the receiver's
+/// abandon can free it in time), and the attempt limit dead-letters the message with the
+/// timeout as its reason. No record is left behind.
+pub async fn receiver_handler_timeout_frees_the_id<H: DedupHarness>(harness: &H) {
+    const ATTEMPTS: u32 = 3;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = CountingHandler {
+        runs: Arc::clone(&runs),
+        failures: AtomicU32::new(0),
+        delay: Duration::from_secs(60),
+    };
+    let options = ConsumerOptions::new("conformance")
+        .lease(Duration::from_secs(60))
+        .handler_timeout(Duration::from_millis(200))
+        .max_attempts(ATTEMPTS);
+    let receiver = ok(
+        "IdempotentReceiver::new",
+        IdempotentReceiver::new(harness.store(), handler, options),
+    );
+    let message = received("slow-payments");
+    for attempt in 1..=ATTEMPTS {
+        let (outcome, settled) = within(
+            "a delivery to a handler past its timeout",
+            STEP,
+            deliver_once(&receiver, &message, attempt),
+        )
+        .await;
+        if attempt < ATTEMPTS {
+            assert!(
+                matches!(
+                    (&outcome, &settled),
+                    (Outcome::Retrying { .. }, Some(Settled::Nacked(_)))
+                ),
+                "attempt {attempt}: a timed-out handler is retried, got {outcome:?} / {settled:?}"
+            );
+        } else {
+            let Some(Settled::DeadLettered(reason)) = settled else {
+                panic!("the last attempt is dead-lettered, got {outcome:?} / {settled:?}");
+            };
+            assert!(
+                reason.contains("did not finish within 200ms"),
+                "the dead letter names the timeout: {reason}"
+            );
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        ATTEMPTS,
+        "every delivery ran the handler: each timeout freed the id"
+    );
+    let id = message.id.map(|id| id.to_string()).unwrap_or_default();
+    let record = ok(
+        "inspect after the dead letter",
+        receiver.store().inspect(&id).await,
+    );
+    assert_eq!(record, None, "a timed-out id keeps no record");
+}
+
+/// An [`IdempotentReceiver`] under a [`Consumer`](oncebox_core::consumer::Consumer) with
+/// a one-second dedup window runs ten windows at 100 messages a second: the store's
+/// records stay under three windows' worth (the consumer's cleanup deletes the expired
+/// ones, or the store expires them itself), and a message handled inside the window is
+/// still a duplicate. Skipped for stores that do not count their records
+/// ([`DedupHarness::count_records`]).
+pub async fn receiver_cleanup_keeps_the_window<H: DedupHarness>(harness: &H) {
+    if ok("count_records", harness.count_records().await).is_none() {
+        eprintln!("receiver_cleanup_keeps_the_window: skipped, the harness does not count records");
+        return;
+    }
+    let handler = CountingHandler {
+        runs: Arc::default(),
+        failures: AtomicU32::new(0),
+        delay: Duration::ZERO,
+    };
+    let receiver = ok(
+        "IdempotentReceiver::new",
+        IdempotentReceiver::new(harness.store(), handler, crate::steady::options("ticks")),
+    );
+    let count = || async { Ok(harness.count_records().await?.unwrap_or_default()) };
+    crate::steady::stays_bounded("dedup records", receiver, count).await;
+}
