@@ -131,21 +131,24 @@ pub(crate) async fn dead_letter_message(
     reason: &str,
 ) -> Result<()> {
     if shared.options.dead_letter_copies {
-        publish_copy(shared, route, message, position, reason).await?;
+        let headers = message.headers.as_ref();
+        publish_copy(shared, route, headers, &message.payload, position, reason).await?;
     }
     settle(shared, route, message, position, AckKind::Term).await
 }
 
-async fn publish_copy(
+/// Publishes the dead-letter copy of a message with `original` headers and `payload`.
+pub(crate) async fn publish_copy(
     shared: &Shared,
     route: &Route,
-    message: &jetstream::Message,
+    original: Option<&HeaderMap>,
+    payload: &Bytes,
     position: Position,
     reason: &str,
 ) -> Result<()> {
     let subject = shared.dead_letter_subject(&route.topic)?;
     let mut headers = HeaderMap::new();
-    if let Some(original) = &message.headers {
+    if let Some(original) = original {
         for (name, values) in original.iter() {
             // `Nats-*` headers direct the server (expected stream, TTL, rollup): they
             // must not act on the copy. The id below replaces `Nats-Msg-Id`.
@@ -175,8 +178,7 @@ async fn publish_copy(
     for (name, value) in fields {
         insert(&mut headers, name, value)?;
     }
-    let payload = message.payload.clone();
-    let result = publish_confirmed(shared, subject.clone(), headers.clone(), payload).await;
+    let result = publish_confirmed(shared, subject.clone(), headers.clone(), payload.clone()).await;
     match result {
         Ok(_) => Ok(()),
         Err(error) if is_too_large(&error) => {
@@ -185,7 +187,7 @@ async fn publish_copy(
             insert(
                 &mut headers,
                 PAYLOAD_OMITTED_HEADER,
-                &message.payload.len().to_string(),
+                &payload.len().to_string(),
             )?;
             publish_confirmed(shared, subject, headers, Bytes::new()).await?;
             Ok(())

@@ -65,7 +65,9 @@
 //! arrives with `id: None` and its headers as they are, for an
 //! [`IdStrategy`](oncebox_core::consumer::IdStrategy) to identify it. A message whose
 //! headers no [`Headers`](oncebox_core::Headers) can hold (a control character, a value
-//! over 8 KiB) is dead-lettered by the subscriber with the decoding error as the reason.
+//! over 8 KiB) is dead-lettered by the subscriber with the decoding error as the reason;
+//! so is one whose header block the NATS client cannot read (a value that is not UTF-8),
+//! which is then deleted from the stream (see [`JetStreamSubscriber`]).
 //! [`Received::delivery_count`](oncebox_core::Received::delivery_count) is JetStream's
 //! delivery count; the coordinates are the topic and the stream sequence.
 //!
@@ -129,6 +131,7 @@ mod publisher;
 mod stream;
 mod subscriber;
 mod transport;
+mod unreadable;
 
 pub use dead_letter::{
     DELIVERIES_HEADER, DeadLetter, GROUP_HEADER, PAYLOAD_OMITTED_HEADER, REASON_HEADER,

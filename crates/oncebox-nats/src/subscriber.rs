@@ -2,8 +2,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::Statistics;
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer};
@@ -17,6 +19,7 @@ use crate::delivery::{Position, Route};
 use crate::error::{JetStreamError, client, permanent, refused, transient};
 use crate::names::{check_name, durable_name};
 use crate::transport::Shared;
+use crate::unreadable::remove_unreadable;
 use crate::{JetStreamDelivery, SubscriberOptions};
 
 /// How long one pull request stays open on the server.
@@ -25,6 +28,9 @@ const PULL_EXPIRES: Duration = Duration::from_secs(30);
 /// How often the server signals an idle pull request is alive; two missed heartbeats
 /// report a transient error (the connection is probably down).
 const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How often a waiting subscriber checks whether the client reconnected.
+const RECONNECT_CHECK: Duration = Duration::from_millis(500);
 
 /// A member of a consumer group on a topic: pulls from the group's durable consumer.
 ///
@@ -45,6 +51,14 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Both are logged at `warn`. If the dead letter cannot be stored (no dead-letter
 /// stream), [`Subscriber::next`] returns that error; for a last delivery, which the
 /// server will not deliver again, it tries again on every later call before pulling.
+///
+/// A message whose header block the NATS client cannot read at all (a value that is not
+/// UTF-8) never arrives: the client drops the connection on it. After every reconnection
+/// the subscriber reads what its consumer delivered and did not see acked through
+/// JetStream's raw message API, copies each such message to the dead-letter subject
+/// with the reason, and deletes it from the stream (no consumer of this client could
+/// read it). The connection drops once per such message; the messages of the pull batch
+/// lost with it are delivered again after the ack wait.
 pub struct JetStreamSubscriber {
     shared: Arc<Shared>,
     route: Arc<Route>,
@@ -52,6 +66,8 @@ pub struct JetStreamSubscriber {
     consumer: Option<PullConsumer>,
     messages: Option<pull::Stream>,
     unfinished: Option<Unfinished>,
+    /// The client's connection count when unreadable messages were last looked for.
+    connects_seen: u64,
 }
 
 /// A dead letter the subscriber started itself and has not finished.
@@ -100,6 +116,7 @@ impl JetStreamSubscriber {
             stream,
             consumer,
         });
+        let connects_seen = shared.client.statistics().connects.load(Ordering::Relaxed);
         let mut subscriber = Self {
             shared,
             route,
@@ -107,6 +124,7 @@ impl JetStreamSubscriber {
             consumer: None,
             messages: None,
             unfinished: None,
+            connects_seen,
         };
         subscriber.consumer = Some(subscriber.create_consumer().await?);
         Ok(subscriber)
@@ -381,10 +399,22 @@ impl Subscriber for JetStreamSubscriber {
             let Some(messages) = self.messages.as_mut() else {
                 continue;
             };
-            let message = match messages.next().await {
-                Some(Ok(message)) => message,
-                Some(Err(error)) => return Err(self.pull_failed(error)),
-                None => {
+            let statistics = self.shared.client.statistics();
+            let pulled = tokio::select! {
+                message = messages.next() => Pulled::Message(message),
+                connects = reconnected(statistics, self.connects_seen) => Pulled::Reconnected(connects),
+            };
+            let message = match pulled {
+                Pulled::Reconnected(connects) => {
+                    if let Some(consumer) = &self.consumer {
+                        remove_unreadable(&self.shared, &self.route, consumer).await?;
+                    }
+                    self.connects_seen = connects;
+                    continue;
+                }
+                Pulled::Message(Some(Ok(message))) => message,
+                Pulled::Message(Some(Err(error))) => return Err(self.pull_failed(error)),
+                Pulled::Message(None) => {
                     self.messages = None;
                     return Err(client(
                         format!("pull from {}", self.route.consumer),
@@ -406,6 +436,28 @@ impl Subscriber for JetStreamSubscriber {
                 None => {}
             }
         }
+    }
+}
+
+/// What waiting on the pull stream gave.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per message and unpacked at once, never stored"
+)]
+enum Pulled {
+    Message(Option<Result<jetstream::Message, pull::MessagesError>>),
+    /// The client connected again; its connection count now.
+    Reconnected(u64),
+}
+
+/// Returns once the client has connected more often than `seen` times.
+async fn reconnected(statistics: Arc<Statistics>, seen: u64) -> u64 {
+    loop {
+        let connects = statistics.connects.load(Ordering::Relaxed);
+        if connects > seen {
+            return connects;
+        }
+        tokio::time::sleep(RECONNECT_CHECK).await;
     }
 }
 

@@ -555,3 +555,138 @@ async fn publishes_in_flight_during_a_restart_get_through_once() {
     );
     server.stop().await;
 }
+
+/// Publishes `payload` on `subject` with `headers` written byte for byte, as a client in
+/// another language may: through a plain TCP connection speaking NATS's `HPUB`.
+async fn publish_raw_bytes(subject: &str, headers: &[(&[u8], &[u8])], payload: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = support::nats_url();
+    let address = url.trim_start_matches("nats://");
+    let mut socket = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect to NATS");
+    let mut block = b"NATS/1.0\r\n".to_vec();
+    for (name, value) in headers {
+        block.extend_from_slice(name);
+        block.extend_from_slice(b": ");
+        block.extend_from_slice(value);
+        block.extend_from_slice(b"\r\n");
+    }
+    block.extend_from_slice(b"\r\n");
+    let mut frame = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true}}\r\nHPUB {subject} {} {}\r\n",
+        block.len(),
+        block.len() + payload.len()
+    )
+    .into_bytes();
+    frame.extend_from_slice(&block);
+    frame.extend_from_slice(payload);
+    frame.extend_from_slice(b"\r\nPING\r\n");
+    socket.write_all(&frame).await.expect("send HPUB");
+    // The PONG (after the INFO line) says the server has processed the HPUB.
+    let mut seen = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("PONG") {
+        let read = tokio::time::timeout(PATIENCE, socket.read(&mut buffer))
+            .await
+            .expect("the server answers PING")
+            .expect("read from NATS");
+        assert!(read > 0, "the server closed the connection: {seen:?}");
+        seen.extend_from_slice(&buffer[..read]);
+    }
+    assert!(
+        !String::from_utf8_lossy(&seen).contains("-ERR"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+}
+
+/// A header value that is not UTF-8 (a client in another language can send one) makes
+/// the NATS client drop its connection when it reads the message. The subscriber still
+/// dead-letters it with the reason, hands out the messages around it, and the
+/// connection is not dropped again and again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_header_that_is_not_utf8_is_dead_lettered_without_a_reconnect_loop() {
+    let harness = NatsHarness::shared().await;
+    let (topic, stream) = fresh(&harness, "poison").await;
+    let mut subscriber = harness.transport.subscriber(&topic, "g").await.unwrap();
+    let before = Message::new(topic.clone(), "before");
+    harness
+        .transport
+        .publisher()
+        .publish(&before)
+        .await
+        .unwrap();
+    publish_raw_bytes(
+        &topic,
+        &[(b"ce-id", b"poison-1"), (b"x-latin1", b"caf\xe9")],
+        b"poison",
+    )
+    .await;
+    let after: Vec<Message> = (0..3)
+        .map(|n| Message::new(topic.clone(), format!("after {n}")))
+        .collect();
+    for message in &after {
+        harness
+            .transport
+            .publisher()
+            .publish(message)
+            .await
+            .unwrap();
+    }
+    let connects = || {
+        harness
+            .transport
+            .client()
+            .statistics()
+            .connects
+            .load(Ordering::Relaxed)
+    };
+    let connected = connects();
+
+    let mut handed_out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handed_out.len() < 4 && tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(2), subscriber.next()).await {
+            Ok(Ok(delivery)) => {
+                handed_out.push(delivery.received().id.expect("oncebox's own messages"));
+                delivery.ack().await.unwrap();
+            }
+            Ok(Err(error)) => eprintln!("next: {error}"),
+            Err(_) => {}
+        }
+    }
+    let mut expected: Vec<MessageId> = std::iter::once(&before)
+        .chain(&after)
+        .map(|message| message.id)
+        .collect();
+    expected.sort();
+    handed_out.sort();
+    handed_out.dedup();
+    assert_eq!(handed_out, expected, "every message around the poison one");
+
+    let letters = harness.transport.dead_letters(&topic, 10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert!(letter.reason.contains("x-latin1"), "{}", letter.reason);
+    assert!(letter.reason.contains("not UTF-8"), "{}", letter.reason);
+    assert_eq!(&letter.received.payload[..], b"poison");
+    assert_eq!(letter.received.headers.get("ce_id"), Some("poison-1"));
+    assert_eq!(letter.group, "g");
+    assert_eq!(letter.stream, stream);
+
+    // Nothing comes back after the ack wait, and the connection was dropped once at most.
+    tokio::time::sleep(support::ACK_WAIT * 3).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), subscriber.next())
+            .await
+            .is_err(),
+        "nothing more to hand out"
+    );
+    assert!(
+        connects() <= connected + 1,
+        "reconnected {} times",
+        connects() - connected
+    );
+    harness.cleanup().await;
+}
