@@ -141,7 +141,9 @@ impl Message {
         }
     }
 
-    /// A message whose payload is `value` as JSON.
+    /// A message whose payload is `value` as JSON, with the header
+    /// [`content-type`](crate::wire::CONTENT_TYPE)`: application/json`, which every
+    /// transport writes as CloudEvents' `datacontenttype` in its binding's form.
     ///
     /// # Errors
     ///
@@ -150,7 +152,11 @@ impl Message {
         topic: impl Into<String>,
         value: &T,
     ) -> Result<Self, InvalidMessage> {
-        Ok(Self::new(topic, serde_json::to_vec(value)?))
+        let mut message = Self::new(topic, serde_json::to_vec(value)?);
+        message
+            .headers
+            .insert(crate::wire::CONTENT_TYPE, crate::wire::JSON)?;
+        Ok(message)
     }
 
     /// Sets the id (for producers that derive ids from their own data).

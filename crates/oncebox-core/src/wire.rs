@@ -14,6 +14,7 @@
 //! | `type` | [`Message::kind`], or [`DEFAULT_TYPE`] when it is empty (CloudEvents requires a type) | `order.placed` |
 //! | `subject` | [`Message::key`], left out when `None` | `order-42` |
 //! | `time` | [`Message::created_at`], RFC 3339, UTC | `2026-11-21T13:05:09.123456Z` |
+//! | `datacontenttype` | the message's [`CONTENT_TYPE`] header, when it has one ([`Message::json`] sets it) | `application/json` |
 //!
 //! | broker | prefix | so the id is | constructor |
 //! |---|---|---|---|
@@ -21,6 +22,13 @@
 //! | NATS | `ce-` | `ce-id` | [`WireFormat::nats`] |
 //! | AMQP (RabbitMQ) | `cloudEvents_` (`cloudEvents:` read too) | `cloudEvents_id` | [`WireFormat::amqp`] |
 //! | Redis Streams | `ce_` (fields of the entry) | `ce_id` | [`WireFormat::redis`] |
+//!
+//! The content type travels in each binding's own form: Kafka's and Redis's
+//! `content-type` header (the message header, unchanged), NATS's `ce-datacontenttype`
+//! (the NATS binding keeps `content-type` for structured mode), AMQP's `content_type`
+//! property (set by the RabbitMQ transport). On NATS the attribute values are
+//! percent-encoded as the binding's binary mode asks (section 3.1.3.2, HTTP's rule:
+//! space, `"`, `%` and everything outside printable ASCII), and decoded on receipt.
 //!
 //! Reading is lenient, so that messages of producers that do not use oncebox still
 //! arrive: an attribute that is missing leaves its field empty, and one that does not
@@ -40,6 +48,18 @@ use bytes::Bytes;
 
 use crate::error::excerpt;
 use crate::{Coordinates, Headers, InvalidMessage, Message, MessageId, Received};
+
+/// The message header holding the payload's media type, written as CloudEvents'
+/// `datacontenttype` in each binding's form.
+pub const CONTENT_TYPE: &str = "content-type";
+
+/// The media type of JSON payloads, set by [`Message::json`].
+pub const JSON: &str = "application/json";
+
+/// What HTTP's (and NATS's) binary mode percent-encodes in a header value: space, `"`,
+/// `%`, and (by `percent_encoding`'s rule) everything outside printable ASCII.
+const ENCODED: &percent_encoding::AsciiSet =
+    &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// The CloudEvents version written in `specversion`.
 pub const SPEC_VERSION: &str = "1.0";
@@ -63,6 +83,8 @@ pub struct WireFormat {
     prefix: &'static str,
     also_read: &'static [&'static str],
     source: Cow<'static, str>,
+    /// NATS: attribute values percent-encoded, `datacontenttype` an attribute.
+    nats: bool,
 }
 
 impl WireFormat {
@@ -73,7 +95,9 @@ impl WireFormat {
 
     /// NATS's binding: headers `ce-id`, `ce-type`, ...
     pub const fn nats() -> Self {
-        Self::with_prefix("ce-", &[])
+        let mut format = Self::with_prefix("ce-", &[]);
+        format.nats = true;
+        format
     }
 
     /// AMQP's binding: application properties `cloudEvents_id`, ...; the older
@@ -92,6 +116,7 @@ impl WireFormat {
             prefix,
             also_read,
             source: Cow::Borrowed(DEFAULT_SOURCE),
+            nats: false,
         }
     }
 
@@ -120,7 +145,29 @@ impl WireFormat {
 
     /// The headers that carry `message`: its CloudEvents attributes first, then its own
     /// headers. The payload travels as the broker's body, untouched.
+    ///
+    /// On NATS the attribute values are percent-encoded and the [`CONTENT_TYPE`] header
+    /// becomes `ce-datacontenttype`; elsewhere it stays a header (an AMQP transport
+    /// moves it to the `content_type` property).
     pub fn encode(&self, message: &Message) -> Vec<(String, String)> {
+        let mut fields = self.encode_plain(message);
+        if self.nats {
+            for (name, value) in &mut fields {
+                if name == CONTENT_TYPE {
+                    *name = self.header_name("datacontenttype");
+                }
+                if name.starts_with(self.prefix) {
+                    let encoded = percent_encoding::utf8_percent_encode(value, ENCODED);
+                    if let Cow::Owned(encoded) = Cow::from(encoded) {
+                        *value = encoded;
+                    }
+                }
+            }
+        }
+        fields
+    }
+
+    fn encode_plain(&self, message: &Message) -> Vec<(String, String)> {
         let mut fields = Vec::with_capacity(6 + message.headers.len());
         fields.push((self.header_name("specversion"), SPEC_VERSION.to_owned()));
         fields.push((self.header_name("id"), message.id.to_string()));
@@ -177,10 +224,19 @@ impl WireFormat {
                 received.headers.insert_bytes(name, value)?;
                 continue;
             };
-            let value = std::str::from_utf8(value).map_err(|_| InvalidMessage::InvalidHeader {
+            let invalid = |reason| InvalidMessage::InvalidHeader {
                 name: excerpt(&String::from_utf8_lossy(name)),
-                reason: "value is not UTF-8",
-            })?;
+                reason,
+            };
+            let decoded;
+            let value = if self.nats {
+                decoded = percent_encoding::percent_decode(value)
+                    .decode_utf8()
+                    .map_err(|_| invalid("value is not UTF-8 once percent-decoded"))?;
+                &*decoded
+            } else {
+                std::str::from_utf8(value).map_err(|_| invalid("value is not UTF-8"))?
+            };
             let kept = match attribute {
                 "source" => None,
                 // Another version (or garbage) is kept for the handler to judge.
@@ -200,6 +256,10 @@ impl WireFormat {
                 }
                 "subject" => {
                     received.key = Some(value.to_owned());
+                    None
+                }
+                "datacontenttype" => {
+                    received.headers.insert(CONTENT_TYPE, value)?;
                     None
                 }
                 "time" => match parse_time(value) {
@@ -388,6 +448,60 @@ mod tests {
             (None, None, "")
         );
         assert!(received.headers.is_empty());
+    }
+
+    /// NATS's binary mode percent-encodes attribute values (space, `"`, `%`, non-ASCII)
+    /// and carries the content type as `ce-datacontenttype`; both come back as sent.
+    #[test]
+    fn nats_percent_encodes_attributes_and_carries_the_content_type() {
+        let message = Message::json("orders", &"x")
+            .expect("json")
+            .with_key("Zürich 100% \"fresh\"")
+            .with_kind("order.placed");
+        let encoded = WireFormat::nats().encode(&message);
+        let get = |name: &str| {
+            encoded
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(
+            get("ce-subject"),
+            Some("Z%C3%BCrich%20100%25%20%22fresh%22")
+        );
+        assert_eq!(get("ce-datacontenttype"), Some(JSON));
+        assert_eq!(
+            get(CONTENT_TYPE),
+            None,
+            "content-type means structured mode on NATS"
+        );
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = encoded
+            .into_iter()
+            .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+            .collect();
+        let received = decode(&WireFormat::nats(), &pairs).expect("decodes");
+        assert_eq!(received.key.as_deref(), Some("Zürich 100% \"fresh\""));
+        assert_eq!(received.headers.get(CONTENT_TYPE), Some(JSON));
+        // A spec-following producer's encoded time and subject are decoded.
+        let foreign = fields(&[
+            ("ce-time", "2026-11-21T13%3A05%3A09Z"),
+            ("ce-subject", "caf%C3%A9"),
+        ]);
+        let received = decode(&WireFormat::nats(), &foreign).expect("decodes");
+        assert!(received.created_at.is_some());
+        assert_eq!(received.key.as_deref(), Some("café"));
+        let broken = fields(&[("ce-subject", "caf%E9")]);
+        assert!(decode(&WireFormat::nats(), &broken).is_err());
+    }
+
+    /// Kafka's binding carries the content type in the `content-type` header, the
+    /// message's own header.
+    #[test]
+    fn kafka_carries_the_content_type_as_its_header() {
+        let message = Message::json("orders", &1).expect("json");
+        let encoded = WireFormat::kafka().encode(&message);
+        assert!(encoded.contains(&(CONTENT_TYPE.to_owned(), JSON.to_owned())));
+        assert!(!encoded.iter().any(|(n, _)| n.contains("datacontenttype")));
     }
 
     /// Every event carries the `type` CloudEvents requires; an empty kind goes out as

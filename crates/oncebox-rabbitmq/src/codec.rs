@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use oncebox_core::wire::WireFormat;
+use oncebox_core::wire::{CONTENT_TYPE, WireFormat, format_time};
 use oncebox_core::{Bytes, Coordinates, Headers, InvalidMessage, Message, MessageId, Received};
 
 /// The header that carries a message's `message_id` property when it is not a UUID
@@ -21,8 +21,10 @@ pub(crate) const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 const PERSISTENT: u8 = 2;
 
 /// The AMQP properties that carry `message`: the message id, persistence, the creation
-/// time in seconds, the kind as `type`, and the CloudEvents attributes and the
-/// message's headers as application headers (long strings).
+/// time in seconds, the kind as `type`, the [`CONTENT_TYPE`] header as the
+/// `content_type` property (CloudEvents' `datacontenttype` in the AMQP binding), and the
+/// CloudEvents attributes and the message's other headers as application headers (long
+/// strings).
 ///
 /// A message header `x-delivery-count` is refused: quorum queues count deliveries in it,
 /// and the subscriber reads it as the delivery count, not as a header.
@@ -37,7 +39,14 @@ pub(crate) fn encode(
         });
     }
     let mut headers = FieldTable::default();
+    let mut content_type = None;
     for (name, value) in format.encode(message) {
+        if name == CONTENT_TYPE
+            && let Ok(value) = ShortString::try_new(value.as_str())
+        {
+            content_type = Some(value);
+            continue;
+        }
         let name = ShortString::try_new(name).map_err(|_| InvalidMessage::InvalidHeader {
             name: "(over 255 bytes)".to_owned(),
             reason: "AMQP header names are at most 255 bytes",
@@ -48,6 +57,9 @@ pub(crate) fn encode(
         .with_message_id(ShortString::from(message.id.to_string()))
         .with_delivery_mode(PERSISTENT)
         .with_headers(headers);
+    if let Some(content_type) = content_type {
+        properties = properties.with_content_type(content_type);
+    }
     if let Ok(since_epoch) = message.created_at.duration_since(SystemTime::UNIX_EPOCH) {
         properties = properties.with_timestamp(since_epoch.as_secs());
     }
@@ -80,7 +92,11 @@ pub(crate) enum Strictness {
 /// Reads a delivery back into a [`Received`].
 ///
 /// Header values of other AMQP types than strings (numbers, booleans, timestamps) are
-/// carried as their decimal text; tables and arrays (`x-death`) are not carried.
+/// carried as their decimal text, except the `time` attribute, which the AMQP binding
+/// lets travel as a timestamp: a timestamp or an integer there is seconds since the
+/// epoch (AMQP 0-9-1's timestamp unit) and becomes RFC 3339. Tables and arrays
+/// (`x-death`) are not carried. The `content_type` property becomes the
+/// [`CONTENT_TYPE`] header.
 /// `skip` names headers left out (the transport's own).
 pub(crate) fn decode(
     format: &WireFormat,
@@ -93,6 +109,17 @@ pub(crate) fn decode(
         for (name, value) in headers {
             let name = name.as_str();
             if name == DELIVERY_COUNT_HEADER || skip(name) {
+                continue;
+            }
+            let time = matches!(name, "cloudEvents_time" | "cloudEvents:time")
+                .then(|| integer(value))
+                .flatten()
+                .and_then(|seconds| u64::try_from(seconds).ok())
+                .and_then(|seconds| {
+                    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
+                });
+            if let Some(time) = time {
+                fields.push((name.as_bytes(), Cow::Owned(format_time(time).into_bytes())));
                 continue;
             }
             let Some(text) = text_of(value) else {
@@ -138,6 +165,14 @@ pub(crate) fn decode(
                     kept?;
                 }
             }
+        }
+    }
+    if let Some(content_type) = incoming.properties.content_type()
+        && received.headers.get(CONTENT_TYPE).is_none()
+    {
+        let kept = received.headers.insert(CONTENT_TYPE, content_type.as_str());
+        if strictness == Strictness::Strict {
+            kept?;
         }
     }
     if received.kind.is_empty()
@@ -276,6 +311,61 @@ mod tests {
         assert_eq!(received.headers, message.headers);
         assert_eq!(received.delivery_count, 1);
         assert_eq!(received.coordinates.source, "orders");
+    }
+
+    /// The content type travels as the `content_type` property and comes back as the
+    /// header.
+    #[test]
+    fn the_content_type_is_the_amqp_property() {
+        let message = Message::json("orders", &1).expect("json");
+        let format = WireFormat::amqp();
+        let properties = encode(&format, &message).expect("encodes");
+        assert_eq!(
+            properties.content_type().as_ref().map(ShortString::as_str),
+            Some("application/json")
+        );
+        let in_headers = properties
+            .headers()
+            .as_ref()
+            .is_some_and(|headers| headers.inner().contains_key(CONTENT_TYPE));
+        assert!(!in_headers);
+        let received = decode(
+            &format,
+            incoming(&properties, false),
+            |_| false,
+            Strictness::Strict,
+        )
+        .expect("decodes");
+        assert_eq!(received.headers, message.headers);
+    }
+
+    /// The AMQP binding lets `time` travel as a timestamp: a receiver must accept one,
+    /// or an integer; other native types arrive as text.
+    #[test]
+    fn attributes_of_native_types_are_read() {
+        for time in [
+            AMQPValue::Timestamp(1_795_000_000),
+            AMQPValue::LongLongInt(1_795_000_000),
+        ] {
+            let mut headers = FieldTable::default();
+            headers.insert("cloudEvents_time".into(), time);
+            headers.insert("cloudEvents_id".into(), AMQPValue::LongLongInt(42));
+            headers.insert("cloudEvents_sequence".into(), AMQPValue::LongInt(7));
+            let properties = BasicProperties::default().with_headers(headers);
+            let received = decode(
+                &WireFormat::amqp(),
+                incoming(&properties, false),
+                |_| false,
+                Strictness::Strict,
+            )
+            .expect("decodes");
+            assert_eq!(
+                received.created_at,
+                SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(1_795_000_000))
+            );
+            assert_eq!(received.headers.get("ce_id"), Some("42"));
+            assert_eq!(received.headers.get("ce_sequence"), Some("7"));
+        }
     }
 
     /// Found by the fuzz target `message_roundtrip`: a message's own `x-delivery-count`

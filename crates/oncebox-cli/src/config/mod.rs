@@ -150,7 +150,22 @@ pub(crate) struct BrokerConfig {
     pub(crate) exchange: String,
     /// Redis Streams: prepended to every topic to make the stream key.
     pub(crate) key_prefix: String,
+    /// The CloudEvents `source` of every message published: the producing service's
+    /// name. None: `otel.service_name` when set, else `oncebox`.
+    pub(crate) source: Option<String>,
     pub(crate) connect_timeout: Span,
+}
+
+impl Config {
+    /// The CloudEvents `source` the relay writes (`broker.source`, else
+    /// `otel.service_name`, else `oncebox`).
+    pub(crate) fn source(&self) -> String {
+        self.broker
+            .source
+            .clone()
+            .or_else(|| self.otel.service_name.clone())
+            .unwrap_or_else(|| oncebox::wire::DEFAULT_SOURCE.to_owned())
+    }
 }
 
 impl Default for BrokerConfig {
@@ -162,6 +177,7 @@ impl Default for BrokerConfig {
             stream: None,
             exchange: "oncebox".to_owned(),
             key_prefix: String::new(),
+            source: None,
             connect_timeout: Span::secs(5),
         }
     }

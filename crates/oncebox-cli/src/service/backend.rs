@@ -411,7 +411,8 @@ impl Broker {
                 };
                 let options = JetStreamOptions::new(url)
                     .name("oncebox")
-                    .subject_prefix(config.broker.subject_prefix.clone());
+                    .subject_prefix(config.broker.subject_prefix.clone())
+                    .source(config.source());
                 let transport = JetStreamTransport::with_client(client, options)
                     .map_err(|error| ConfigError::key("broker", error))?;
                 if let Some(stream) = &config.broker.stream {
@@ -427,6 +428,7 @@ impl Broker {
                 let full = crate::config::with_password(url, config.broker.password.as_ref())?;
                 let options = oncebox::rabbitmq::RabbitOptions::new(full)
                     .exchange(config.broker.exchange.clone())
+                    .source(config.source())
                     .connect_timeout(timeout)
                     .connection_name("oncebox");
                 options
@@ -449,6 +451,7 @@ impl Broker {
                 let brokers = url.trim_start_matches("kafka://");
                 let options = oncebox::kafka::KafkaOptions::new(brokers)
                     .client_id("oncebox")
+                    .source(config.source())
                     .connect_timeout(timeout);
                 options
                     .validate()
@@ -462,7 +465,8 @@ impl Broker {
             BrokerKind::RedisStreams => {
                 let full = crate::config::with_password(url, config.broker.password.as_ref())?;
                 let options = oncebox::redis::RedisStreamOptions::new()
-                    .key_prefix(config.broker.key_prefix.clone());
+                    .key_prefix(config.broker.key_prefix.clone())
+                    .source(config.source());
                 let streams = tokio::time::timeout(
                     timeout,
                     oncebox::redis::RedisStreams::connect(&full, options),
