@@ -52,12 +52,17 @@
 //! | body | the payload bytes | [`Message::payload`](oncebox_core::Message::payload) |
 //! | `ce-specversion` | `1.0` | |
 //! | `ce-id` | the message id, a UUID: `01936f1e-8a5c-7d2e-9b1a-3f4e5d6c7b8a` | [`Message::id`](oncebox_core::Message::id) |
-//! | `ce-source` | `oncebox`, or [`JetStreamOptions::source`] | |
+//! | `ce-source` | the producing service, [`JetStreamOptions::source`] (default `oncebox`): set it once per transport | |
 //! | `ce-type` | the event type: `order.placed`; `oncebox.message` ([`DEFAULT_TYPE`](oncebox_core::wire::DEFAULT_TYPE)) when empty | [`Message::kind`](oncebox_core::Message::kind) |
 //! | `ce-subject` | the ordering key, left out when none: `order-42` | [`Message::key`](oncebox_core::Message::key) |
 //! | `ce-time` | creation time, RFC 3339 UTC: `2026-11-21T13:05:09.123456Z` | [`Message::created_at`](oncebox_core::Message::created_at) |
+//! | `ce-datacontenttype` | the payload's media type, when the message has a `content-type` header (`application/json` from [`Message::json`](oncebox_core::Message::json)) | [`CONTENT_TYPE`](oncebox_core::wire::CONTENT_TYPE) |
 //! | `traceparent`, others | the message's own headers, unchanged (W3C trace context among them) | [`Message::headers`](oncebox_core::Message::headers) |
 //! | `Nats-Msg-Id` | the message id again, for the stream's duplicate detection | [`Message::id`](oncebox_core::Message::id) |
+//!
+//! The `ce-` values are percent-encoded as the NATS binding's binary mode asks (space,
+//! `"`, `%` and everything outside printable ASCII: `ce-subject: Z%C3%BCrich`), and
+//! decoded on receipt.
 //!
 //! On receipt the `ce-` headers fill [`Received`](oncebox_core::Received)'s fields and
 //! are removed from its headers, as is `Nats-Msg-Id` when it equals the id. Reading is
@@ -113,7 +118,7 @@
 //! | server unreachable, restarting, no PubAck in time | transient | the client reconnects by itself; the relay publishes again, `Nats-Msg-Id` drops the copy |
 //! | no stream captures the subject ([`JetStreamError::NoStream`], names the subject) | **transient** | a configuration mistake, fixed by creating the stream: retried with backoff, so the outbox is not dead-lettered meanwhile (the relay still gives up after its attempt limit) |
 //! | message over the server's `max_payload` or the stream's `max_msg_size` ([`JetStreamError::TooLarge`], names the limit) | permanent | it will never fit |
-//! | a header, key or kind with a line break | [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage) | NATS headers cannot carry it |
+//! | a header NATS cannot carry (a line break; the key and kind travel percent-encoded, so they can hold one) | [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage) | NATS headers cannot carry it |
 //! | other refusals of a publish (storage full, no quorum) | transient | they may lift; the relay's attempt limit is the backstop |
 //! | configuration the server refuses (overlapping subjects, a consumer name taken by another topic) | permanent | |
 //!
