@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Python clients of the interop tests (interop/requirements.txt, pinned) in
+# a venv under ~/.cache/oncebox/tools (or $ONCEBOX_TOOLS) and prints its python, for
+# ONCEBOX_PYTHON:
+#
+#   export ONCEBOX_PYTHON=$(scripts/interop-tools.sh)
+#
+# Needs python3 with the venv module (Debian: apt-get install python3-venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS=${ONCEBOX_TOOLS:-$HOME/.cache/oncebox/tools}
+VENV=$TOOLS/interop-venv
+STAMP=$VENV/requirements.txt
+if ! cmp -s interop/requirements.txt "$STAMP" 2>/dev/null; then
+  echo "interop-tools: installing interop/requirements.txt into $VENV" >&2
+  mkdir -p "$TOOLS"
+  python3 -m venv "$VENV" >&2
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r interop/requirements.txt >&2
+  cp interop/requirements.txt "$STAMP"
+fi
+echo "$VENV/bin/python"
