@@ -1,9 +1,11 @@
 """A client in another language for oncebox's interop tests: reads what oncebox sent
 and checks it with the CloudEvents SDK's binding helpers, or sends what a foreign
-producer would. Driven by the Rust tests (crates/oncebox-nats/tests/interop.rs).
+producer would. Driven by the Rust tests (crates/oncebox-*/tests/interop.rs).
 
-    peer.py nats-read URL SUBJECT COUNT    one JSON line per event read, as the SDK sees it
-    peer.py nats-write URL SUBJECT         the foreign producer's cases, in order
+    peer.py nats-read URL SUBJECT COUNT      one JSON line per event read, as the SDK sees it
+    peer.py nats-write URL SUBJECT           the foreign producer's cases, in order
+    peer.py amqp-read URL QUEUE COUNT        (pika) the same, from a RabbitMQ queue
+    peer.py amqp-write URL EXCHANGE TOPIC    (pika) the foreign producer's cases, in order
 """
 
 import asyncio
@@ -14,12 +16,23 @@ from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.formats.json import JSONFormat
 
 
-def event_json(event, raw_headers):
+def event_json(event, raw_headers, **extra):
     attributes = {
         name: (value.isoformat() if hasattr(value, "isoformat") else value)
         for name, value in event.get_attributes().items()
     }
-    return json.dumps({"attributes": attributes, "headers": raw_headers})
+    return json.dumps(
+        {"attributes": attributes, "headers": raw_headers, **extra}, default=plain
+    )
+
+
+def plain(value):
+    """JSON for the native values a client hands over (bytes, datetime)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
 
 
 async def nats_read(url, subject, count):
@@ -66,12 +79,122 @@ async def nats_write(url, subject):
     await client.close()
 
 
+def amqp_read(url, queue, count):
+    import time
+
+    import pika
+    from cloudevents.core.bindings import amqp as ce_amqp
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    deadline = time.monotonic() + 20
+    read = 0
+    while read < count:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            if time.monotonic() > deadline:
+                sys.exit(f"no message in {queue} within 20 s")
+            time.sleep(0.1)
+            continue
+        headers = dict(properties.headers or {})
+        # RabbitMQ stands in for AMQP 1.0: its headers are the application properties,
+        # its content_type property the content-type one.
+        message = ce_amqp.AMQPMessage(
+            properties=(
+                {"content-type": properties.content_type}
+                if properties.content_type
+                else {}
+            ),
+            application_properties=headers,
+            application_data=body,
+        )
+        event = ce_amqp.from_binary(message, JSONFormat())
+        print(
+            event_json(
+                event,
+                headers,
+                content_type=properties.content_type,
+                message_id=properties.message_id,
+            ),
+            flush=True,
+        )
+        read += 1
+    connection.close()
+
+
+def amqp_write(url, exchange, topic):
+    from datetime import datetime, timezone
+
+    import pika
+    from cloudevents.core.bindings import amqp as ce_amqp
+    from cloudevents.core.bindings import rabbitmq as ce_rabbitmq
+    from cloudevents.core.v1.event import CloudEvent
+
+    time = datetime(2026, 11, 21, 13, 5, 9, 123000, tzinfo=timezone.utc)
+
+    def sdk(event_id, binding=ce_amqp):
+        event = CloudEvent(
+            attributes={
+                "id": event_id,
+                "source": "/python",
+                "type": "order.placed",
+                "time": time,
+                "datacontenttype": "text/plain",
+            },
+            data=None,
+        )
+        if binding is ce_rabbitmq:
+            message = ce_rabbitmq.to_binary(event, JSONFormat())
+            return message.headers, message.content_type
+        message = ce_amqp.to_binary(event, JSONFormat())
+        return message.application_properties, message.properties["content-type"]
+
+    base = {
+        "cloudEvents_specversion": "1.0",
+        "cloudEvents_source": "/python",
+        "cloudEvents_type": "order.placed",
+    }
+    cases = [
+        # The SDK's AMQP binding: time as an integer of milliseconds (AMQP 1.0's
+        # timestamp), content type as the content_type property.
+        ("uuid", *sdk("0190b7a4-7f3e-7c4a-9a51-2c1d3e4f5a6b")),
+        ("order-42-v1", *sdk("order-42-v1")),
+        ("duplicate", *sdk("order-42-v1")),
+        ("missing", dict(base), None),
+        ("empty", {**base, "cloudEvents_id": ""}, None),
+        # The SDK's RabbitMQ binding (knative's): ce- headers, all strings.
+        ("knative", *sdk("knative-1", ce_rabbitmq)),
+        # AMQP 0-9-1's own timestamp type (seconds), as pika writes a datetime.
+        ("timestamp", {**base, "cloudEvents_id": "timestamp-1", "cloudEvents_time": time}, None),
+        # A byte array that is not UTF-8 (pika sends bytes as AMQP's byte array).
+        ("not-utf8", {**base, "cloudEvents_id": "latin-1", "x-note": b"caf\xe9"}, None),
+    ]
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for payload, headers, content_type in cases:
+        channel.basic_publish(
+            exchange,
+            topic,
+            payload.encode(),
+            pika.BasicProperties(
+                headers=headers, content_type=content_type, delivery_mode=2
+            ),
+            mandatory=True,
+        )
+    connection.close()
+
+
 def main():
     command, url, subject, *rest = sys.argv[1:]
     if command == "nats-read":
         asyncio.run(nats_read(url, subject, int(rest[0])))
     elif command == "nats-write":
         asyncio.run(nats_write(url, subject))
+    elif command == "amqp-read":
+        amqp_read(url, subject, int(rest[0]))
+    elif command == "amqp-write":
+        amqp_write(url, subject, rest[0])
     else:
         sys.exit(f"unknown command {command}")
 

@@ -20,7 +20,7 @@
 //! |---|---|---|---|
 //! | Kafka | `ce_` | `ce_id` | [`WireFormat::kafka`] |
 //! | NATS | `ce-` | `ce-id` | [`WireFormat::nats`] |
-//! | AMQP (RabbitMQ) | `cloudEvents_` (`cloudEvents:` read too) | `cloudEvents_id` | [`WireFormat::amqp`] |
+//! | AMQP (RabbitMQ) | `cloudEvents_` (`cloudEvents:` and the RabbitMQ binding's `ce-` read too) | `cloudEvents_id` | [`WireFormat::amqp`] |
 //! | Redis Streams | `ce_` (fields of the entry) | `ce_id` | [`WireFormat::redis`] |
 //!
 //! The content type travels in each binding's own form: Kafka's and Redis's
@@ -101,9 +101,10 @@ impl WireFormat {
     }
 
     /// AMQP's binding: application properties `cloudEvents_id`, ...; the older
-    /// `cloudEvents:id` spelling is read too.
+    /// `cloudEvents:id` spelling is read too, and so is `ce-id` (the RabbitMQ binding
+    /// of Knative, which the CloudEvents SDKs ship for RabbitMQ).
     pub const fn amqp() -> Self {
-        Self::with_prefix("cloudEvents_", &["cloudEvents:"])
+        Self::with_prefix("cloudEvents_", &["cloudEvents:", "ce-"])
     }
 
     /// Redis Streams (no official binding; Kafka's naming): entry fields `ce_id`, ...
@@ -529,6 +530,21 @@ mod tests {
             decode(&WireFormat::amqp(), &pairs).expect("decodes").id,
             Some(id)
         );
+    }
+
+    /// The RabbitMQ binding the CloudEvents SDKs ship (Knative's) names attributes `ce-id`,
+    /// ...: a producer using it is read on RabbitMQ like one using the AMQP binding.
+    #[test]
+    fn amqp_reads_the_rabbitmq_binding_too() {
+        let pairs = fields(&[
+            ("ce-id", "order-42-v1"),
+            ("ce-type", "order.placed"),
+            ("ce-time", "2026-11-21T13:05:09.123Z"),
+        ]);
+        let received = decode(&WireFormat::amqp(), &pairs).expect("decodes");
+        assert_eq!(received.headers.get("ce_id"), Some("order-42-v1"));
+        assert_eq!(received.kind, "order.placed");
+        assert!(received.created_at.is_some());
     }
 
     #[test]

@@ -93,8 +93,10 @@ pub(crate) enum Strictness {
 ///
 /// Header values of other AMQP types than strings (numbers, booleans, timestamps) are
 /// carried as their decimal text, except the `time` attribute, which the AMQP binding
-/// lets travel as a timestamp: a timestamp or an integer there is seconds since the
-/// epoch (AMQP 0-9-1's timestamp unit) and becomes RFC 3339. Tables and arrays
+/// lets travel as a timestamp: there a timestamp is seconds since the epoch (AMQP
+/// 0-9-1's unit, as pika writes a `datetime`), an integer milliseconds (AMQP 1.0's
+/// timestamp, as the CloudEvents SDK's AMQP binding writes it), and either becomes
+/// RFC 3339. Tables and arrays
 /// (`x-death`) are not carried. The `content_type` property becomes the
 /// [`CONTENT_TYPE`] header.
 /// `skip` names headers left out (the transport's own).
@@ -112,12 +114,8 @@ pub(crate) fn decode(
                 continue;
             }
             let time = matches!(name, "cloudEvents_time" | "cloudEvents:time")
-                .then(|| integer(value))
-                .flatten()
-                .and_then(|seconds| u64::try_from(seconds).ok())
-                .and_then(|seconds| {
-                    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
-                });
+                .then(|| native_time(value))
+                .flatten();
             if let Some(time) = time {
                 fields.push((name.as_bytes(), Cow::Owned(format_time(time).into_bytes())));
                 continue;
@@ -186,6 +184,17 @@ pub(crate) fn decode(
         received.created_at = SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(*seconds));
     }
     Ok(received)
+}
+
+/// A `time` attribute of a native AMQP type: AMQP 0-9-1's timestamp is seconds since
+/// the epoch; an integer is AMQP 1.0's timestamp, milliseconds since the epoch, as the
+/// CloudEvents SDKs write it.
+fn native_time(value: &AMQPValue) -> Option<SystemTime> {
+    let since_epoch = match value {
+        AMQPValue::Timestamp(seconds) => Duration::from_secs(*seconds),
+        other => Duration::from_millis(u64::try_from(integer(other)?).ok()?),
+    };
+    SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }
 
 /// How many times a delivery has been delivered, this one included: the quorum queue's
@@ -345,7 +354,7 @@ mod tests {
     fn attributes_of_native_types_are_read() {
         for time in [
             AMQPValue::Timestamp(1_795_000_000),
-            AMQPValue::LongLongInt(1_795_000_000),
+            AMQPValue::LongLongInt(1_795_000_000_000),
         ] {
             let mut headers = FieldTable::default();
             headers.insert("cloudEvents_time".into(), time);
