@@ -4,7 +4,7 @@
 //!
 //! | span | kind | opened by | parent | links to |
 //! |---|---|---|---|---|
-//! | `create {topic}` | producer | an outbox's `enqueue` | the caller's current span | |
+//! | `create {topic}` | producer | an outbox's `enqueue` (`enqueue_batch`: one per message, all open while its statement runs) | the caller's current span | |
 //! | `send {topic}` (`send` when a batch spans several topics) | client | the relay, once per claimed batch | the relay's current span | the creation context of each message in the batch |
 //! | `process {topic}` | consumer | the [`Consumer`](crate::consumer::Consumer) for each delivery (transactional inbox, durable inbox's store step, idempotent receiver), and the durable inbox's processor for each row | the message's creation context | the message's creation context |
 //!

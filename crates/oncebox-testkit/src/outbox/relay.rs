@@ -116,7 +116,7 @@ impl<P: Publisher> Publisher for FailingPublisher<P> {
     }
 }
 
-fn relay_options(name: &str) -> SpoolOptions {
+pub(super) fn relay_options(name: &str) -> SpoolOptions {
     SpoolOptions::new()
         .name(name)
         .batch_size(8)
@@ -128,7 +128,7 @@ fn relay_options(name: &str) -> SpoolOptions {
 
 /// Runs `relays` until `done()` holds or `limit` passes, then shuts them down and waits
 /// for them to finish their round.
-async fn run_relays_until<S, P>(
+pub(super) async fn run_relays_until<S, P>(
     what: &str,
     relays: &[Relay<S, P>],
     limit: Duration,
