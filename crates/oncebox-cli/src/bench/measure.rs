@@ -31,6 +31,11 @@ pub(crate) enum Side {
     Row,
     /// A business transaction with a logical decoding message (`bench enqueue`).
     Message,
+    /// A business transaction with its messages enqueued one by one (`bench batch`).
+    #[serde(rename = "one-by-one")]
+    OneByOne,
+    /// A business transaction with its messages enqueued in one batch (`bench batch`).
+    Batched,
 }
 
 impl Side {
@@ -46,6 +51,8 @@ impl Side {
             Self::Bare => "bare",
             Self::Row => "row",
             Self::Message => "message",
+            Self::OneByOne => "one-by-one",
+            Self::Batched => "batched",
         }
     }
 

@@ -10,6 +10,8 @@
 //!   by polling or by tailing PostgreSQL's log, several in the same run.
 //! - `bench enqueue`: the producer's business transaction with an outbox row, against
 //!   the same with a logical decoding message (PostgreSQL).
+//! - `bench batch`: the producer's business transaction with many messages, enqueued one
+//!   by one against one batch (`--store sqlite|postgres|mysql`).
 //! - `bench consumer`: the transactional inbox against the same handler in a plain
 //!   transaction, through the same consumer lanes and broker.
 //! - `bench admin`: the dashboard's reads (pages of rows, filtered, at every depth) of a
@@ -22,6 +24,7 @@
 
 mod admin;
 mod backend;
+mod batch;
 mod consumer;
 mod dedup;
 mod enqueue;
@@ -93,6 +96,9 @@ enum BenchCommand {
     /// Producer transactions per second on PostgreSQL with an outbox row, against the
     /// same with a logical decoding message.
     Enqueue(enqueue::EnqueueArgs),
+    /// Producer transactions per second with many messages each, enqueued one by one
+    /// against one batch.
+    Batch(batch::BatchArgs),
     /// The dashboard's listing of a PostgreSQL outbox of millions of rows: pages at every
     /// depth, with each filter.
     Admin(admin::AdminArgs),
@@ -249,8 +255,8 @@ impl BenchCommand {
             Self::Relay(args) => &args.common,
             Self::Latency(args) => &args.common,
             Self::Consumer(args) => &args.common,
-            Self::Http(_) | Self::Dedup(_) | Self::Enqueue(_) | Self::Admin(_) => {
-                unreachable!("bench http, dedup, enqueue and admin run on their own")
+            Self::Http(_) | Self::Dedup(_) | Self::Enqueue(_) | Self::Batch(_) | Self::Admin(_) => {
+                unreachable!("bench http, dedup, enqueue, batch and admin run on their own")
             }
         }
     }
@@ -264,6 +270,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Http(http) => return http::run(http).await,
         BenchCommand::Dedup(dedup) => return dedup::run(dedup).await,
         BenchCommand::Enqueue(enqueue) => return enqueue::run(enqueue).await,
+        BenchCommand::Batch(batch) => return batch::run(batch).await,
         BenchCommand::Admin(admin) => return admin::run(admin).await,
         command => BenchArgs { command },
     };
@@ -309,8 +316,9 @@ async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Resul
             BenchCommand::Http(_)
             | BenchCommand::Dedup(_)
             | BenchCommand::Enqueue(_)
+            | BenchCommand::Batch(_)
             | BenchCommand::Admin(_) => Err(anyhow::anyhow!(
-                "bench http, dedup, enqueue and admin run on their own"
+                "bench http, dedup, enqueue, batch and admin run on their own"
             )),
         }
     };

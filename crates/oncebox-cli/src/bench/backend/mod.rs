@@ -60,6 +60,17 @@ pub(crate) trait Backend: Send + Sync + Sized {
         notify: bool,
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
 
+    /// A producer's transaction of `bench batch`: one business row (an effect row for
+    /// `business`), then `messages` through `outbox`, one `enqueue` each or, `batched`,
+    /// one `enqueue_batch`; then commits.
+    fn commit_many(
+        &self,
+        outbox: &Self::Outbox,
+        business: &Message,
+        messages: &[Message],
+        batched: bool,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
     /// The transactional inbox.
     fn inbox(&self) -> Self::Inbox;
 

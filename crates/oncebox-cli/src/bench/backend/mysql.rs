@@ -183,6 +183,32 @@ impl Backend for MySqlBench {
         Ok(())
     }
 
+    async fn commit_many(
+        &self,
+        outbox: &MySqlOutbox,
+        business: &Message,
+        messages: &[Message],
+        batched: bool,
+    ) -> anyhow::Result<()> {
+        let mut tx = self.store.pool().begin().await?;
+        sqlx::query(INSERT_EFFECT)
+            .bind(business.id.to_string())
+            .bind(business.key.as_ref().map(|key| key.as_bytes().to_vec()))
+            .bind(business.payload.to_vec())
+            .execute(&mut *tx)
+            .await
+            .context("inserting the business row")?;
+        if batched {
+            outbox.enqueue_batch(&mut tx, messages).await?;
+        } else {
+            for message in messages {
+                outbox.enqueue(&mut tx, message).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     fn inbox(&self) -> MySqlInbox {
         self.store.inbox()
     }

@@ -320,6 +320,32 @@ impl Backend for PgBench {
         Ok(())
     }
 
+    async fn commit_many(
+        &self,
+        outbox: &PgOutbox,
+        business: &Message,
+        messages: &[Message],
+        batched: bool,
+    ) -> anyhow::Result<()> {
+        let mut tx = self.store.pool().begin().await?;
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.insert_effect)))
+            .bind(business.id.to_string())
+            .bind(business.key.clone())
+            .bind(business.payload.to_vec())
+            .execute(&mut *tx)
+            .await
+            .context("inserting the business row")?;
+        if batched {
+            outbox.enqueue_batch(&mut tx, messages).await?;
+        } else {
+            for message in messages {
+                outbox.enqueue(&mut tx, message).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     fn inbox(&self) -> PgInbox {
         self.store.inbox()
     }

@@ -124,6 +124,32 @@ impl Backend for SqliteBench {
         Ok(())
     }
 
+    async fn commit_many(
+        &self,
+        outbox: &SqliteOutbox,
+        business: &Message,
+        messages: &[Message],
+        batched: bool,
+    ) -> anyhow::Result<()> {
+        let mut tx = self.store.pool().begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT INTO bench_effects (message_id, key, payload) VALUES (?1, ?2, ?3)")
+            .bind(business.id.to_string())
+            .bind(business.key.clone())
+            .bind(business.payload.to_vec())
+            .execute(&mut *tx)
+            .await
+            .context("inserting the business row")?;
+        if batched {
+            outbox.enqueue_batch(&mut tx, messages).await?;
+        } else {
+            for message in messages {
+                outbox.enqueue(&mut tx, message).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     fn inbox(&self) -> SqliteInbox {
         self.store.inbox()
     }
