@@ -402,6 +402,7 @@ fn status_name(status: RowStatus) -> &'static str {
 fn stats_json(stats: &OutboxStats) -> Value {
     json!({
         "pending": stats.pending,
+        "scheduled": stats.scheduled,
         "published": stats.done,
         "dead": stats.dead,
         "oldest_pending_age_seconds": seconds(stats.oldest_pending_age),
@@ -410,6 +411,7 @@ fn stats_json(stats: &OutboxStats) -> Value {
 
 fn print_stats(stats: &OutboxStats) {
     println!("pending     {}", stats.pending);
+    println!("scheduled   {}", stats.scheduled);
     println!("published   {}", stats.done);
     println!("dead        {}", stats.dead);
     match stats.oldest_pending_age {

@@ -32,6 +32,7 @@ mod error;
 mod headers;
 mod message;
 mod received;
+mod schedule;
 mod transport;
 
 pub mod consumer;
@@ -50,6 +51,7 @@ pub use error::{BoxError, Error, Fault, InvalidMessage, Result, RowDecodeError};
 pub use headers::{Headers, TRACEPARENT};
 pub use message::{Limits, Message, MessageId};
 pub use received::{Coordinates, Received};
+pub use schedule::Schedule;
 pub use transport::{Delivery, Publisher, Subscriber};
 
 /// Re-exported so that stores and tests name the same versions.

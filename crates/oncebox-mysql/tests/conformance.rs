@@ -3,7 +3,7 @@
 
 mod common;
 
-use oncebox_core::{Error, Message, MessageId, Result};
+use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
 use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
@@ -48,6 +48,34 @@ impl OutboxHarness for MySqlHarness {
         Some(self.db.store.outbox().delete_on_publish(true))
     }
 
+    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        outbox.enqueue_scheduled(&mut tx, message, when).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        outbox.wake();
+        Ok(())
+    }
+
+    async fn cancel(&self, id: MessageId) -> Result<bool> {
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        Ok(cancelled)
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.enqueue_all(messages, true).await
     }
@@ -75,6 +103,39 @@ impl OutboxHarness for MySqlHarness {
             attempts: state.attempts,
             last_error: state.last_error,
         }))
+    }
+
+    async fn enqueue_batch(
+        &self,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        sqlx::query("INSERT INTO conformance_effects (`key`) VALUES (?)")
+            .bind(business.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::store_transient)?;
+        let batch = outbox.enqueue_batch(&mut tx, messages).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        batch
+    }
+
+    async fn business_rows(&self, business: &str) -> Result<u64> {
+        InboxHarness::count_effects(self, business).await
     }
 }
 

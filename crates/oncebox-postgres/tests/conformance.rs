@@ -4,7 +4,7 @@
 
 mod common;
 
-use oncebox_core::{Error, Message, MessageId, Result};
+use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
 use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
@@ -79,6 +79,34 @@ impl OutboxHarness for PgHarness {
         Some(self.db.store.outbox().delete_on_publish(true))
     }
 
+    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        outbox.enqueue_scheduled(&mut tx, message, when).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        outbox.wake();
+        Ok(())
+    }
+
+    async fn cancel(&self, id: MessageId) -> Result<bool> {
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        Ok(cancelled)
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.enqueue_all(messages, true).await
     }
@@ -108,7 +136,12 @@ impl OutboxHarness for PgHarness {
         }))
     }
 
-    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+    async fn enqueue_batch(
+        &self,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<()> {
         let outbox = self.db.store.outbox();
         self.enqueue_batch_with(&outbox, business, messages, commit)
             .await
@@ -206,6 +239,14 @@ impl OutboxHarness for LeasedHarness {
         )
     }
 
+    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
+        OutboxHarness::enqueue_scheduled(&self.0, message, when).await
+    }
+
+    async fn cancel(&self, id: MessageId) -> Result<bool> {
+        OutboxHarness::cancel(&self.0, id).await
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.0.enqueue_all(messages, true).await
     }
@@ -218,7 +259,12 @@ impl OutboxHarness for LeasedHarness {
         OutboxHarness::row_state(&self.0, id).await
     }
 
-    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+    async fn enqueue_batch(
+        &self,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<()> {
         OutboxHarness::enqueue_batch(&self.0, business, messages, commit).await
     }
 

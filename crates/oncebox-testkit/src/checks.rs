@@ -58,6 +58,8 @@ macro_rules! outbox_checks {
             batch_commits_with_the_business_row,
             batch_rolls_back_with_the_business_row,
             batch_refusal_writes_nothing,
+            scheduled_messages_wait_for_their_time,
+            cancel_never_takes_a_claimed_message,
         );
     };
 }

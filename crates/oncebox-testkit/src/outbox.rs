@@ -37,6 +37,11 @@
 //! | [`relay_backs_off_then_dead_letters`] | failed publishes back off, dead-letter after the limit (or at once if permanent) with the reason stored, and block only their key |
 //! | [`relay_cleanup_purges_published`] | [`Spool::cleanup`] with zero retention deletes every published row and nothing else |
 //! | [`rows_listed_newest_first_filtered_and_paged`] | [`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows) lists newest first; each filter alone and combined selects what it says; pages by position list every match once |
+//! | [`scheduled_messages_wait_for_their_time`] | under a relay, a message scheduled 2 s ahead goes out after 2 s and not before; a due message behind a scheduled one of its key waits for it; a cancelled one never goes out; stats count scheduled apart from pending |
+//! | [`cancel_never_takes_a_claimed_message`] | a cancel of a message a relay has claimed finds nothing to cancel, and the message ends published |
+//! | [`batch_commits_with_the_business_row`] | a batch of 1,000 messages commits with the business row and is published once each, with its ids, in slice order per key, between the key's one-by-one messages before and after it |
+//! | [`batch_rolls_back_with_the_business_row`] | a batch of 1,000 rolled back with the business row leaves no row; enqueued again and committed, its rows are in slice order |
+//! | [`batch_refusal_writes_nothing`] | a duplicate id (in the table or twice in the batch) and an invalid message in the middle refuse the whole batch with the typed error naming it, write nothing of it and leave the transaction usable; an empty batch does nothing |
 //!
 //! [`Spool::cleanup`]: oncebox_core::spool::Spool::cleanup
 //! [`MemoryBroker`]: oncebox_core::memory::MemoryBroker
@@ -45,15 +50,21 @@ use std::future::Future;
 use std::time::Duration;
 
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolStore};
-use oncebox_core::{Limits, Message, MessageId, Result};
+use oncebox_core::{Limits, Message, MessageId, Result, Schedule};
 
 use crate::support::{ok, within};
 
+mod batch;
 mod claiming;
 mod listing;
 mod relay;
+mod scheduling;
 mod settling;
 
+pub use batch::{
+    batch_commits_with_the_business_row, batch_refusal_writes_nothing,
+    batch_rolls_back_with_the_business_row,
+};
 pub use claiming::{
     claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
     per_key_prefix,
@@ -66,6 +77,9 @@ pub use relay::{
     claimed_ahead_batch_past_its_lease_is_handed_back, relay_backs_off_then_dead_letters,
     relay_cleanup_purges_published, relay_keeps_commit_order,
     slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
+};
+pub use scheduling::{
+    cancel_never_takes_a_claimed_message, scheduled_messages_wait_for_their_time,
 };
 pub use settling::{
     bad_input_is_a_typed_error, dead_stores_reason_and_unblocks,
@@ -126,10 +140,58 @@ pub trait OutboxHarness: Send + Sync {
         None
     }
 
+    /// Enqueues `message` with the store's `enqueue_scheduled`, due as `when` says, in a
+    /// transaction of its own, committed.
+    ///
+    /// # Errors
+    ///
+    /// As [`OutboxHarness::enqueue`].
+    fn enqueue_scheduled(
+        &self,
+        message: &Message,
+        when: Schedule,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Cancels message `id` with the store's `cancel`, in a transaction of its own,
+    /// committed; whether it was cancelled.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn cancel(&self, id: MessageId) -> impl Future<Output = Result<bool>> + Send;
+
     /// The limits the store enforces at enqueue. Default: [`Limits::new`].
     fn limits(&self) -> Limits {
         Limits::new()
     }
+
+    /// In one transaction on the backend's own connection type, writes one business row
+    /// marked `business` (in a table of the harness's own), then enqueues `messages`
+    /// with the store's batch enqueue (`enqueue_batch`), and commits if `commit`, else
+    /// rolls back. A refused batch ends the transaction as asked all the same (the
+    /// business row is committed if `commit`: the refusal must leave the transaction
+    /// usable), and the refusal is returned.
+    ///
+    /// # Errors
+    ///
+    /// The batch's refusal ([`Error::Duplicate`](oncebox_core::Error::Duplicate),
+    /// [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage)) once the
+    /// transaction has ended; a store error if the transaction could not begin, take the
+    /// business row or end.
+    fn enqueue_batch(
+        &self,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// How many committed business rows [`OutboxHarness::enqueue_batch`] wrote marked
+    /// `business`.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn business_rows(&self, business: &str) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// Where a row is in its life, as far as the suite needs to know.

@@ -9,7 +9,7 @@
 //! oncebox_testkit::e2e::outbox_to_inbox(&broker, &store, &store, EndToEnd::new(10_000)).await?;
 //! ```
 
-use oncebox_core::{Error, Message, MessageId, Result};
+use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_sqlite::{
     RowStatus, SqliteDedupStore, SqliteDurableInbox, SqliteInbox, SqliteOutbox, SqliteStore,
 };
@@ -83,6 +83,32 @@ impl OutboxHarness for SqliteHarness {
         Some(self.store.outbox().delete_on_publish(true))
     }
 
+    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
+        let outbox = self.store.outbox();
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::store_transient)?;
+        outbox.enqueue_scheduled(&mut tx, message, when).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        outbox.wake();
+        Ok(())
+    }
+
+    async fn cancel(&self, id: MessageId) -> Result<bool> {
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.store.outbox().cancel(&mut tx, id).await?;
+        tx.commit().await.map_err(Error::store_transient)?;
+        Ok(cancelled)
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.enqueue_all(messages, true).await
     }
@@ -112,7 +138,12 @@ impl OutboxHarness for SqliteHarness {
         }))
     }
 
-    async fn enqueue_batch(&self, business: &str, messages: &[Message], commit: bool) -> Result<()> {
+    async fn enqueue_batch(
+        &self,
+        business: &str,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<()> {
         let outbox = self.store.outbox();
         let mut tx = self
             .store

@@ -56,6 +56,10 @@ pub(super) async fn overview(
                 }
                 span.label { "oldest pending" }
             }
+            div.card {
+                span.figure #scheduled { (stats.scheduled) }
+                span.label { "scheduled, not yet due" }
+            }
             a.card href={ (base) "/messages?status=published" } {
                 span.figure #published { (stats.done) }
                 span.label { "published, kept" }

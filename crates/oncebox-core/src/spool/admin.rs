@@ -13,14 +13,18 @@ use crate::{Message, MessageId, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutboxStats {
     /// Rows waiting to be published (including rows being retried and rows leased to a
-    /// relay right now).
+    /// relay right now), scheduled rows not yet due excluded.
     pub pending: u64,
+    /// Scheduled rows not yet due: never attempted, their delivery time ahead
+    /// ([`Schedule`](crate::Schedule)).
+    pub scheduled: u64,
     /// Rows published and kept until retention purges them.
     pub done: u64,
     /// Rows given up on.
     pub dead: u64,
-    /// Age of the first pending row in commit order (from its creation time); `None`
-    /// when nothing is pending.
+    /// How long the first pending row in commit order has waited: since its creation, or
+    /// for a scheduled row since its delivery time; scheduled rows not yet due are passed
+    /// over. `None` when nothing is pending.
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -82,11 +86,13 @@ pub struct RowState {
 /// New fields may be added before 1.0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Backlog {
-    /// Rows waiting (including rows being retried and rows leased right now).
+    /// Rows waiting (including rows being retried and rows leased right now; an outbox's
+    /// scheduled rows not yet due excluded).
     pub pending: u64,
     /// Rows given up on.
     pub dead: u64,
-    /// Age of the first pending row in commit order; `None` when nothing is pending.
+    /// Age of the first pending row in commit order, as in
+    /// [`OutboxStats::oldest_pending_age`]; `None` when nothing is pending.
     pub oldest_pending_age: Option<Duration>,
 }
 

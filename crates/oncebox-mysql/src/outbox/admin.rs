@@ -51,22 +51,31 @@ FROM {TABLE} AS t"
     )
 }
 
+/// The columns of the figures of rows waiting: `waiting` (every pending row), `scheduled`
+/// (pending, never attempted, due later: a scheduled message), `dead`, and
+/// `oldest_pending_ms`, how long the first pending row in commit order that is not
+/// scheduled ahead has waited: since it became due if it was scheduled, else since its
+/// creation. Counting the scheduled rows reads each pending row.
+fn waiting() -> String {
+    let scheduled = format!("attempts = 0 AND available_at > {NOW_MS}");
+    format!(
+        "(SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS waiting,
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING} AND {scheduled}) AS scheduled,
+  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
+  (SELECT {NOW_MS} - IF(attempts = 0, GREATEST(created_at, available_at), created_at)
+   FROM {TABLE} WHERE status = {PENDING} AND NOT ({scheduled}) ORDER BY seq LIMIT 1)
+    AS oldest_pending_ms"
+    )
+}
+
 pub(super) static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
     stats: format!(
         "SELECT
-  (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS pending,
   (SELECT COUNT(*) FROM {TABLE} WHERE status = {DONE}) AS done,
-  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
-  (SELECT {NOW_MS} - created_at FROM {TABLE} WHERE status = {PENDING} ORDER BY seq LIMIT 1)
-    AS oldest_pending_ms"
+  {}",
+        waiting()
     ),
-    backlog: format!(
-        "SELECT
-  (SELECT COUNT(*) FROM {TABLE} WHERE status = {PENDING}) AS pending,
-  (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
-  (SELECT {NOW_MS} - created_at FROM {TABLE} WHERE status = {PENDING} ORDER BY seq LIMIT 1)
-    AS oldest_pending_ms"
-    ),
+    backlog: format!("SELECT {}", waiting()),
     dead_letters: format!(
         "SELECT t.seq, t.attempts, t.id, t.topic, t.`key`, t.kind, t.headers, t.payload,
        t.created_at, t.last_error, t.dead_at
@@ -243,7 +252,8 @@ impl MySqlOutbox {
         self.counts(&SQL.backlog, false).await.map(Backlog::from)
     }
 
-    /// Reads the counts of `sql`'s one row: `pending`, `dead`, `done` if `with_done`,
+    /// Reads the counts of `sql`'s one row: `waiting` (pending rows, scheduled ones
+    /// included), `scheduled`, `dead`, `done` if `with_done`,
     /// and the oldest pending row's age in `oldest_pending_ms`.
     async fn counts(&self, sql: &'static str, with_done: bool) -> Result<OutboxStats> {
         let row = query(sql)
@@ -255,8 +265,10 @@ impl MySqlOutbox {
             Ok(u64::try_from(n).unwrap_or(0))
         };
         let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
+        let scheduled = count("scheduled")?;
         Ok(OutboxStats {
-            pending: count("pending")?,
+            pending: count("waiting")?.saturating_sub(scheduled),
+            scheduled,
             done: if with_done { count("done")? } else { 0 },
             dead: count("dead")?,
             oldest_pending_age: oldest

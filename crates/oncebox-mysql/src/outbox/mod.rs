@@ -1,14 +1,16 @@
 //! The transactional outbox on MySQL / MariaDB.
 
 pub(crate) mod admin;
+mod batch;
 pub(crate) mod listing;
+mod schedule;
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{Backlog, ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result, trace};
+use oncebox_core::{Error, Headers, Limits, Message, MessageId, Result, Schedule, trace};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use tracing::Instrument;
 
@@ -165,6 +167,16 @@ impl MySqlOutbox {
     /// If the future is dropped the row may or may not be written in the transaction;
     /// roll it back.
     pub async fn enqueue(&self, conn: &mut MySqlConnection, message: &Message) -> Result<()> {
+        self.enqueue_when(conn, message, None).await
+    }
+
+    /// [`enqueue`](Self::enqueue), due at once or as `when` says.
+    async fn enqueue_when(
+        &self,
+        conn: &mut MySqlConnection,
+        message: &Message,
+        when: Option<Schedule>,
+    ) -> Result<()> {
         message.validate(&self.limits)?;
         check_chars("topic", &message.topic, MAX_NAME_CHARS)?;
         check_chars("kind", &message.kind, MAX_NAME_CHARS)?;
@@ -173,7 +185,7 @@ impl MySqlOutbox {
         }
         let (span, headers) = trace::creation(message);
         let enqueued = self
-            .insert(conn, message, &headers)
+            .insert(conn, message, &headers, when)
             .instrument(span.clone())
             .await;
         if let Err(error) = &enqueued {
@@ -182,12 +194,14 @@ impl MySqlOutbox {
         enqueued
     }
 
-    /// The statements of [`enqueue`](Self::enqueue): the key's lock, then the row.
+    /// The statements of [`enqueue`](Self::enqueue): the key's lock, then the row, due
+    /// at once or as `when` says.
     async fn insert(
         &self,
         conn: &mut MySqlConnection,
         message: &Message,
         headers: &Headers,
+        when: Option<Schedule>,
     ) -> Result<()> {
         if let Some(key) = &message.key {
             query(LOCK_KEY)
@@ -196,16 +210,24 @@ impl MySqlOutbox {
                 .await
                 .map_err(store_error)?;
         }
-        let inserted = query(ENQUEUE)
+        let statement = if when.is_some() {
+            schedule::ENQUEUE_SCHEDULED.as_str()
+        } else {
+            ENQUEUE
+        };
+        let mut insert = query(statement)
             .bind(uuid_bytes(message.id.as_uuid()))
             .bind(message.topic.clone())
             .bind(message.key.as_ref().map(|key| key.as_bytes().to_vec()))
             .bind(message.kind.clone())
             .bind(headers.to_json())
             .bind(message.payload.to_vec())
-            .bind(to_unix_millis(message.created_at))
-            .execute(&mut *conn)
-            .await;
+            .bind(to_unix_millis(message.created_at));
+        if let Some(when) = when {
+            let (at, delay) = schedule::binds(when);
+            insert = insert.bind(at).bind(delay);
+        }
+        let inserted = insert.execute(&mut *conn).await;
         match inserted {
             Ok(_) => Ok(()),
             Err(e) if is_duplicate_key(&e) => Err(Error::Duplicate { id: message.id }),

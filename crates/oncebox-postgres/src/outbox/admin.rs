@@ -143,8 +143,9 @@ impl PgOutbox {
             .map(Backlog::from)
     }
 
-    /// Reads the counts of `sql`'s one row: `pending`, `dead`, `done` if `with_done`,
-    /// and the oldest pending row's age in `oldest_pending_us`.
+    /// Reads the counts of `sql`'s one row: `waiting` (pending rows, scheduled ones
+    /// included), `scheduled`, `dead`, `done` if `with_done`, and the oldest pending row's
+    /// age in `oldest_pending_us`.
     async fn counts(&self, sql: &std::sync::Arc<str>, with_done: bool) -> Result<OutboxStats> {
         let row = query(sql)
             .fetch_one(self.pool())
@@ -155,8 +156,10 @@ impl PgOutbox {
             Ok(u64::try_from(n).unwrap_or(0))
         };
         let oldest: Option<i64> = row.try_get("oldest_pending_us").map_err(store_error)?;
+        let scheduled = count("scheduled")?;
         Ok(OutboxStats {
-            pending: count("pending")?,
+            pending: count("waiting")?.saturating_sub(scheduled),
+            scheduled,
             done: if with_done { count("done")? } else { 0 },
             dead: count("dead")?,
             oldest_pending_age: oldest.map(micros_duration),

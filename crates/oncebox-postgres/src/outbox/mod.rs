@@ -1,8 +1,10 @@
 //! The transactional outbox on PostgreSQL.
 
 pub(crate) mod admin;
+mod batch;
 pub(crate) mod debezium;
 pub(crate) mod listing;
+mod schedule;
 pub(crate) mod sql;
 
 use std::sync::Arc;

@@ -9,6 +9,7 @@ use crate::spool::sql::{Columns, lock_key};
 use crate::spool::{Layout, SpoolSql};
 use crate::time::{micros_of, micros_param, millis_param};
 
+use super::batch::{self, BatchTarget};
 use super::debezium::{DebeziumLayout, DebeziumPayload};
 
 /// Every statement of one outbox table, built once.
@@ -19,6 +20,10 @@ pub(crate) struct OutboxSql {
     pub(crate) enqueue: Arc<str>,
     /// As `enqueue`, plus `pg_notify` in the same statement.
     pub(crate) enqueue_notify: Arc<str>,
+    /// Many messages in one statement; see [`batch::statement`].
+    pub(crate) enqueue_batch: Arc<str>,
+    /// As `enqueue_batch`, plus one `pg_notify` in the same statement.
+    pub(crate) enqueue_batch_notify: Arc<str>,
     /// Takes the claim lock and the hold lock, exclusively: replay is serialised with
     /// leased claims, and waits for held claims in flight.
     pub(crate) lock: Arc<str>,
@@ -31,6 +36,11 @@ pub(crate) struct OutboxSql {
     pub(crate) dead_letters: Arc<str>,
     /// `$1` id.
     pub(crate) purge_dead: Arc<str>,
+    /// `$1` id, `$2` due at (µs) or NULL, `$3` delay (µs) from now: sets a pending row's
+    /// delivery time.
+    pub(crate) schedule: Arc<str>,
+    /// `$1` id: deletes the row if it is pending and no live lease holds it.
+    pub(crate) cancel: Arc<str>,
     /// `$1` id.
     pub(crate) status: Arc<str>,
     /// `$1` id: `status` with the message.
@@ -101,9 +111,20 @@ RETURNING seq",
         )
     };
     let channel = derived(schema, "outbox");
+    let batch = BatchTarget {
+        table: &table,
+        oid: &oid,
+        insert: format!(
+            "INSERT INTO {table} (id, topic, key, kind, headers, payload, created_at)
+  SELECT b.id, b.topic, b.key, b.kind, b.headers, b.payload, b.created"
+        ),
+        returning: "seq",
+    };
     OutboxSql {
         enqueue: enqueue(None).into(),
         enqueue_notify: enqueue(Some(&channel)).into(),
+        enqueue_batch: batch::statement(&batch, None).into(),
+        enqueue_batch_notify: batch::statement(&batch, Some(&channel)).into(),
         channel,
         topic_prefix: None,
         json_payload: false,
@@ -176,9 +197,24 @@ RETURNING oncebox_seq",
         )
     };
     let channel = derived(&format!("{schema}_{name}"), "outbox");
+    // The batch takes the keys' locks in a fixed order before the trigger takes them
+    // again (advisory locks are reentrant), row by row.
+    let oid = table_oid(schema, name);
+    let batch = BatchTarget {
+        table: &table,
+        oid: &oid,
+        insert: format!(
+            "INSERT INTO {table} (id, aggregatetype, aggregateid, \"type\", payload, oncebox_headers, {created_column})
+  SELECT b.id, b.topic, coalesce(b.key, ''), b.kind, {payload}, b.headers, b.created",
+            payload = payload_write.replace("$6", "b.payload"),
+        ),
+        returning: "oncebox_seq",
+    };
     OutboxSql {
         enqueue: enqueue(None).into(),
         enqueue_notify: enqueue(Some(&channel)).into(),
+        enqueue_batch: batch::statement(&batch, None).into(),
+        enqueue_batch_notify: batch::statement(&batch, Some(&channel)).into(),
         channel,
         topic_prefix: Some(prefix.to_owned()),
         json_payload: !matches!(layout_options.payload_type(), DebeziumPayload::Bytea),
@@ -196,6 +232,35 @@ fn notify_from(channel: Option<&str>) -> String {
 
 /// The statements every layout shares; `topic` is the column holding the topic and
 /// `created` the creation time, over alias `t`.
+/// The columns of the figures of rows waiting, over `layout`'s table: `waiting` (every
+/// pending row), `scheduled` (pending, never attempted, due later: a scheduled message),
+/// `dead`, and `oldest_pending_us`, how long the first pending row in commit order that
+/// is not scheduled ahead has waited: since it became due if it was scheduled, else since
+/// `created` (over alias `t`). Counting the scheduled rows reads each pending row.
+fn waiting(layout: &Layout, created: &str) -> String {
+    let c = &layout.col;
+    let scheduled = format!(
+        "t.{attempts} = 0 AND t.{available_at} > statement_timestamp()",
+        attempts = c.attempts,
+        available_at = c.available_at,
+    );
+    format!(
+        "(SELECT count(*) FROM {t} WHERE {status} = 'pending') AS waiting,
+  (SELECT count(*) FROM {t} AS t WHERE t.{status} = 'pending' AND {scheduled}) AS scheduled,
+  (SELECT count(*) FROM {t} WHERE {status} = 'dead') AS dead,
+  (SELECT (extract(epoch FROM statement_timestamp()
+             - CASE WHEN t.{attempts} = 0 THEN greatest({created}, t.{available_at})
+                    ELSE {created} END) * 1000000)::bigint
+   FROM {t} AS t WHERE t.{status} = 'pending' AND NOT ({scheduled})
+   ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
+        t = layout.table,
+        status = c.status,
+        attempts = c.attempts,
+        available_at = c.available_at,
+        seq = c.seq,
+    )
+}
+
 fn admin(layout: &Layout, topic: &str, created: &str) -> OutboxSql {
     let c = &layout.col;
     let t = &layout.table;
@@ -218,6 +283,8 @@ FROM {t} AS t",
         spool: Arc::new(SpoolSql::build(layout)),
         enqueue: Arc::from(""),
         enqueue_notify: Arc::from(""),
+        enqueue_batch: Arc::from(""),
+        enqueue_batch_notify: Arc::from(""),
         lock: format!(
             "SELECT pg_advisory_xact_lock({CLAIM_CLASS}, {key}),
        pg_advisory_xact_lock({HOLD_CLASS}, {key})",
@@ -244,28 +311,35 @@ WHERE t.id = $1::uuid AND t.{status} = 'dead'",
         .into(),
         stats: format!(
             "SELECT
-  (SELECT count(*) FROM {t} WHERE {status} = 'pending') AS pending,
   (SELECT count(*) FROM {t} WHERE {status} = 'done') AS done,
-  (SELECT count(*) FROM {t} WHERE {status} = 'dead') AS dead,
-  (SELECT (extract(epoch FROM statement_timestamp() - {created}) * 1000000)::bigint
-   FROM {t} AS t WHERE t.{status} = 'pending' ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
+  {waiting}",
             status = c.status,
-            seq = c.seq,
+            waiting = waiting(layout, created),
         )
         .into(),
-        backlog: format!(
-            "SELECT
-  (SELECT count(*) FROM {t} WHERE {status} = 'pending') AS pending,
-  (SELECT count(*) FROM {t} WHERE {status} = 'dead') AS dead,
-  (SELECT (extract(epoch FROM statement_timestamp() - {created}) * 1000000)::bigint
-   FROM {t} AS t WHERE t.{status} = 'pending' ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
-            status = c.status,
-            seq = c.seq,
-        )
-        .into(),
+        backlog: format!("SELECT {}", waiting(layout, created)).into(),
         purge_dead: format!(
             "DELETE FROM {t} WHERE id = $1::uuid AND {status} = 'dead'",
             status = c.status,
+        )
+        .into(),
+        schedule: format!(
+            "UPDATE {t}
+SET {available_at} = CASE WHEN $2::bigint IS NULL
+    THEN statement_timestamp() + $3::bigint * interval '1 microsecond'
+    ELSE {at} END
+WHERE id = $1::uuid AND {status} = 'pending'",
+            available_at = c.available_at,
+            at = micros_param(2),
+            status = c.status,
+        )
+        .into(),
+        cancel: format!(
+            "DELETE FROM {t}
+WHERE id = $1::uuid AND {status} = 'pending'
+  AND ({lease_until} IS NULL OR {lease_until} <= statement_timestamp())",
+            status = c.status,
+            lease_until = c.lease_until,
         )
         .into(),
         dead_letters: format!(

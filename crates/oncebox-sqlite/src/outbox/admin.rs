@@ -25,32 +25,37 @@ impl SqliteOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        let oldest: Option<i64> = sqlx::query_scalar(sql::OLDEST_PENDING)
-            .fetch_optional(self.pool())
+        let backlog = self.read_backlog().await?;
+        Ok(OutboxStats {
+            pending: backlog.pending,
+            scheduled: self.count_scheduled(SystemTime::now()).await?,
+            done: self.count(sql::COUNT_DONE).await?,
+            dead: backlog.dead,
+            oldest_pending_age: backlog.oldest_pending_age,
+        })
+    }
+
+    async fn count_scheduled(&self, now: SystemTime) -> Result<u64> {
+        let count: i64 = sqlx::query_scalar(sql::COUNT_SCHEDULED)
+            .bind(to_unix_millis(now))
+            .fetch_one(self.pool())
             .await
             .map_err(store_error)?;
-        let now = SystemTime::now();
-        Ok(OutboxStats {
-            pending: self.count(sql::COUNT_PENDING).await?,
-            done: self.count(sql::COUNT_DONE).await?,
-            dead: self.count(sql::COUNT_DEAD).await?,
-            oldest_pending_age: oldest.map(|created| {
-                now.duration_since(from_unix_millis(created))
-                    .unwrap_or(Duration::ZERO)
-            }),
-        })
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     /// The backlog: [`stats`](Self::stats) without the count of published rows, which
     /// grows with retention.
     pub(super) async fn read_backlog(&self) -> Result<Backlog> {
+        let now = SystemTime::now();
         let oldest: Option<i64> = sqlx::query_scalar(sql::OLDEST_PENDING)
+            .bind(to_unix_millis(now))
             .fetch_optional(self.pool())
             .await
             .map_err(store_error)?;
-        let now = SystemTime::now();
+        let waiting = self.count(sql::COUNT_PENDING).await?;
         Ok(Backlog {
-            pending: self.count(sql::COUNT_PENDING).await?,
+            pending: waiting.saturating_sub(self.count_scheduled(now).await?),
             dead: self.count(sql::COUNT_DEAD).await?,
             oldest_pending_age: oldest.map(|created| {
                 now.duration_since(from_unix_millis(created))

@@ -1,7 +1,9 @@
 //! The transactional outbox on SQLite.
 
 pub(crate) mod admin;
+mod batch;
 pub(crate) mod listing;
+mod schedule;
 mod sql;
 
 use std::sync::Arc;
@@ -112,8 +114,17 @@ impl SqliteOutbox {
     /// If the future is dropped the row may or may not be written in the transaction;
     /// roll it back.
     pub async fn enqueue(&self, conn: &mut SqliteConnection, message: &Message) -> Result<()> {
+        self.insert(conn, message, SystemTime::now()).await
+    }
+
+    /// The statement of [`enqueue`](Self::enqueue), the row due at `due`.
+    async fn insert(
+        &self,
+        conn: &mut SqliteConnection,
+        message: &Message,
+        due: SystemTime,
+    ) -> Result<()> {
         message.validate(&self.limits)?;
-        let now = to_unix_millis(SystemTime::now());
         let (span, headers) = trace::creation(message);
         let result = sqlx::query(sql::ENQUEUE)
             .bind(message.id.to_string())
@@ -123,7 +134,7 @@ impl SqliteOutbox {
             .bind(headers.to_json())
             .bind(message.payload.to_vec())
             .bind(to_unix_millis(message.created_at))
-            .bind(now)
+            .bind(to_unix_millis(due))
             .execute(&mut *conn)
             .instrument(span.clone())
             .await;

@@ -105,9 +105,17 @@ pub(super) const COUNT_PENDING: &str =
     "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'pending'";
 pub(super) const COUNT_DONE: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'done'";
 pub(super) const COUNT_DEAD: &str = "SELECT COUNT(*) FROM oncebox_outbox WHERE status = 'dead'";
+/// `?1` now (ms): pending rows never attempted and due later, scheduled messages.
+pub(super) const COUNT_SCHEDULED: &str = "\
+SELECT COUNT(*) FROM oncebox_outbox
+WHERE status = 'pending' AND attempts = 0 AND available_at > ?1";
+/// `?1` now (ms) → since when the first pending row in commit order that is not scheduled
+/// ahead has waited: its delivery time if it was scheduled, else its creation.
 pub(super) const OLDEST_PENDING: &str = "\
-SELECT created_at FROM oncebox_outbox INDEXED BY oncebox_outbox_pending
-WHERE status = 'pending' ORDER BY seq LIMIT 1";
+SELECT CASE WHEN attempts = 0 THEN max(created_at, available_at) ELSE created_at END
+FROM oncebox_outbox INDEXED BY oncebox_outbox_pending
+WHERE status = 'pending' AND NOT (attempts = 0 AND available_at > ?1)
+ORDER BY seq LIMIT 1";
 
 pub(super) const DEAD_LETTERS: &str = "\
 SELECT seq, attempts, id, topic, key, kind, headers, CAST(payload AS BLOB) AS payload, created_at,
@@ -116,6 +124,15 @@ FROM oncebox_outbox INDEXED BY oncebox_outbox_dead
 WHERE status = 'dead' AND seq > ?2 ORDER BY seq LIMIT ?1";
 
 pub(super) const PURGE_DEAD: &str = "DELETE FROM oncebox_outbox WHERE id = ?1 AND status = 'dead'";
+
+/// `?1` now (ms), `?2` id: deletes the row if it is pending and no live claim holds it.
+pub(super) const CANCEL: &str = concat!(
+    "\
+DELETE FROM oncebox_outbox
+WHERE id = ?2 AND status = 'pending' AND seq NOT IN (",
+    live_claimed!(),
+    ")"
+);
 
 pub(super) const REPLAY_DEAD: &str = "\
 UPDATE oncebox_outbox SET status = 'pending', attempts = 0, available_at = ?2, dead_at = NULL
