@@ -6,6 +6,11 @@ producer would. Driven by the Rust tests (crates/oncebox-*/tests/interop.rs).
     peer.py nats-write URL SUBJECT           the foreign producer's cases, in order
     peer.py amqp-read URL QUEUE COUNT        (pika) the same, from a RabbitMQ queue
     peer.py amqp-write URL EXCHANGE TOPIC    (pika) the foreign producer's cases, in order
+    peer.py kafka-read SERVERS TOPIC COUNT   (confluent-kafka) the same, from a topic
+    peer.py kafka-write SERVERS TOPIC        (confluent-kafka) the foreign producer's cases
+    peer.py redis-read URL STREAM COUNT      (redis-py) the entries' fields, one JSON line
+                                             each (no CloudEvents binding for Redis exists)
+    peer.py redis-write URL STREAM           (redis-py) the foreign producer's cases
 """
 
 import asyncio
@@ -185,6 +190,117 @@ def amqp_write(url, exchange, topic):
     connection.close()
 
 
+def kafka_read(servers, topic, count):
+    import time
+    import uuid
+
+    from cloudevents.core.bindings import kafka as ce_kafka
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"interop-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    read = 0
+    while read < count:
+        if time.monotonic() > deadline:
+            sys.exit(f"no message in {topic} within 30 s")
+        record = consumer.poll(0.5)
+        if record is None:
+            continue
+        if record.error():
+            sys.exit(f"kafka: {record.error()}")
+        headers = {name: value for name, value in record.headers() or []}
+        event = ce_kafka.from_binary(
+            ce_kafka.KafkaMessage(headers=headers, key=record.key(), value=record.value()),
+            JSONFormat(),
+        )
+        print(event_json(event, headers, key=record.key()), flush=True)
+        read += 1
+    consumer.close()
+
+
+def kafka_write(servers, topic):
+    from datetime import datetime, timezone
+
+    from cloudevents.core.bindings import kafka as ce_kafka
+    from cloudevents.core.v1.event import CloudEvent
+    from confluent_kafka import Producer
+
+    def sdk(event_id):
+        event = CloudEvent(
+            attributes={
+                "id": event_id,
+                "source": "/python",
+                "type": "order.placed",
+                "subject": "order-42",
+                "time": datetime(2026, 11, 21, 13, 5, 9, 123000, tzinfo=timezone.utc),
+                "datacontenttype": "text/plain",
+            },
+            data=None,
+        )
+        return ce_kafka.to_binary(event, JSONFormat()).headers
+
+    base = {"ce_specversion": "1.0", "ce_source": "/python", "ce_type": "order.placed"}
+    cases = [
+        # The SDK's Kafka binding: content-type header, ce_ attributes.
+        ("uuid", sdk("0190b7a4-7f3e-7c4a-9a51-2c1d3e4f5a6b")),
+        ("order-42-v1", sdk("order-42-v1")),
+        ("duplicate", sdk("order-42-v1")),
+        ("missing", dict(base)),
+        ("empty", {**base, "ce_id": ""}),
+        # Kafka header values are bytes: one that is not UTF-8.
+        ("not-utf8", {**base, "ce_id": "latin-1", "x-note": b"caf\xe9"}),
+    ]
+    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True})
+    for payload, headers in cases:
+        # One key, one partition: the cases arrive in order.
+        producer.produce(topic, payload.encode(), key=b"order-42", headers=list(headers.items()))
+    if producer.flush(30) != 0:
+        sys.exit("kafka: messages left unsent")
+
+
+def redis_read(url, stream, count):
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for _, fields in client.xrange(stream, count=count):
+        print(json.dumps({name.decode(): value for name, value in fields.items()}, default=plain))
+    client.close()
+
+
+def redis_write(url, stream):
+    import redis
+
+    # Kafka's naming, as oncebox's entries: ce_ fields, the payload in `data`.
+    base = {"ce_specversion": "1.0", "ce_source": "/python", "ce_type": "order.placed"}
+    sdk_like = {
+        **base,
+        "ce_subject": "order-42",
+        "ce_time": "2026-11-21T13:05:09.123Z",
+        "content-type": "text/plain",
+    }
+    cases = [
+        ("uuid", {**sdk_like, "ce_id": "0190b7a4-7f3e-7c4a-9a51-2c1d3e4f5a6b"}),
+        ("order-42-v1", {**sdk_like, "ce_id": "order-42-v1"}),
+        ("duplicate", {**sdk_like, "ce_id": "order-42-v1"}),
+        ("missing", dict(base)),
+        ("empty", {**base, "ce_id": ""}),
+        # Field values are bytes to Redis: one that is not UTF-8.
+        ("not-utf8", {**base, "ce_id": "latin-1", "x-note": b"caf\xe9"}),
+    ]
+    client = redis.Redis.from_url(url)
+    for payload, fields in cases:
+        client.xadd(stream, {**fields, "data": payload.encode()})
+    client.close()
+
+
 def main():
     command, url, subject, *rest = sys.argv[1:]
     if command == "nats-read":
@@ -195,6 +311,14 @@ def main():
         amqp_read(url, subject, int(rest[0]))
     elif command == "amqp-write":
         amqp_write(url, subject, rest[0])
+    elif command == "kafka-read":
+        kafka_read(url, subject, int(rest[0]))
+    elif command == "kafka-write":
+        kafka_write(url, subject)
+    elif command == "redis-read":
+        redis_read(url, subject, int(rest[0]))
+    elif command == "redis-write":
+        redis_write(url, subject)
     else:
         sys.exit(f"unknown command {command}")
 
