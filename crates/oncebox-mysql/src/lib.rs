@@ -5,7 +5,7 @@
 //!
 //! | type | implements | table |
 //! |---|---|---|
-//! | [`MySqlOutbox`] | `enqueue` (or [`enqueue_batch`](MySqlOutbox::enqueue_batch), many in one insert) on your transaction, [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `oncebox_outbox` |
+//! | [`MySqlOutbox`] | `enqueue` (or [`enqueue_batch`](MySqlOutbox::enqueue_batch), many in one insert) on your transaction, [`enqueue_scheduled`](MySqlOutbox::enqueue_scheduled) for a later delivery and [`cancel`](MySqlOutbox::cancel) before it; [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `oncebox_outbox` |
 //! | [`MySqlInbox`] | [`InboxStore`](oncebox_core::store::InboxStore) + [`Transactional`](oncebox_core::store::Transactional); [`InboxAdmin`](oncebox_core::consumer::InboxAdmin) for both inboxes | `oncebox_inbox` |
 //! | [`MySqlDurableInbox`] | [`DurableInboxStore`](oncebox_core::store::DurableInboxStore) (a spool store too) | `oncebox_durable_inbox` |
 //! | [`MySqlDedupStore`] | [`DedupStore`](oncebox_core::store::DedupStore) | `oncebox_dedup` |

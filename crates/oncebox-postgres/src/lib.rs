@@ -5,7 +5,7 @@
 //!
 //! | type | implements | table |
 //! |---|---|---|
-//! | [`PgOutbox`] | `enqueue` (or [`enqueue_batch`](PgOutbox::enqueue_batch), many in one statement) on your transaction, [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `<schema>.outbox`, or a [Debezium-style table](DebeziumLayout) |
+//! | [`PgOutbox`] | `enqueue` (or [`enqueue_batch`](PgOutbox::enqueue_batch), many in one statement) on your transaction, [`enqueue_scheduled`](PgOutbox::enqueue_scheduled) for a later delivery and [`cancel`](PgOutbox::cancel) before it; [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `<schema>.outbox`, or a [Debezium-style table](DebeziumLayout) |
 //! | [`PgInbox`] | [`InboxStore`](oncebox_core::store::InboxStore) + [`Transactional`](oncebox_core::store::Transactional); [`InboxAdmin`](oncebox_core::consumer::InboxAdmin) for both inboxes | `<schema>.inbox` |
 //! | [`PgDurableInbox`] | [`DurableInboxStore`](oncebox_core::store::DurableInboxStore) (a spool store too) | `<schema>.durable_inbox` |
 //! | [`PgDedupStore`] | [`DedupStore`](oncebox_core::store::DedupStore) | `<schema>.dedup` |

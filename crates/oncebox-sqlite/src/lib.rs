@@ -4,7 +4,7 @@
 //!
 //! | type | implements | table |
 //! |---|---|---|
-//! | [`SqliteOutbox`] | `enqueue` (or [`enqueue_batch`](SqliteOutbox::enqueue_batch), many in one statement) on your transaction, [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `oncebox_outbox` |
+//! | [`SqliteOutbox`] | `enqueue` (or [`enqueue_batch`](SqliteOutbox::enqueue_batch), many in one statement) on your transaction, [`enqueue_scheduled`](SqliteOutbox::enqueue_scheduled) for a later delivery and [`cancel`](SqliteOutbox::cancel) before it; [`SpoolStore`](oncebox_core::spool::SpoolStore) for the relay | `oncebox_outbox` |
 //! | [`SqliteInbox`] | [`InboxStore`](oncebox_core::store::InboxStore) + [`Transactional`](oncebox_core::store::Transactional); [`InboxAdmin`](oncebox_core::consumer::InboxAdmin) for both inboxes | `oncebox_inbox` |
 //! | [`SqliteDurableInbox`] | [`DurableInboxStore`](oncebox_core::store::DurableInboxStore) (a spool store too) | `oncebox_durable_inbox` |
 //! | [`SqliteDedupStore`] | [`DedupStore`](oncebox_core::store::DedupStore) | `oncebox_dedup` |
