@@ -966,4 +966,27 @@ mod tests {
         let config = load("base_path = \"/ops/oncebox/\"", &[]).expect("a clean path");
         assert_eq!(config.dashboard.base(), "/ops/oncebox");
     }
+
+    /// The relay's CloudEvents `source`: `broker.source`, else `otel.service_name`, else
+    /// `oncebox`; the environment sets it like the file.
+    #[test]
+    fn the_source_is_the_broker_source_else_the_service_name() {
+        let source = |text: &str, vars: &[(String, String)]| {
+            Config::load_from_text(text, vars)
+                .expect("a valid configuration")
+                .source()
+        };
+        assert_eq!(source("", &[]), "oncebox");
+        let named = "[otel]\nservice_name = \"billing\"\n";
+        assert_eq!(source(named, &[]), "billing");
+        let both = format!("{named}[broker]\nsource = \"/orders-service\"\n");
+        assert_eq!(source(&both, &[]), "/orders-service");
+        let from_env = [(
+            "ONCEBOX_BROKER__SOURCE".to_owned(),
+            "/from-the-environment".to_owned(),
+        )];
+        assert_eq!(source(named, &from_env), "/from-the-environment");
+        let written = Config::load_from_text(&both, &[]).expect("valid").to_toml();
+        assert!(written.contains("/orders-service"), "{written}");
+    }
 }
