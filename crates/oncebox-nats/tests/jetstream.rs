@@ -644,13 +644,19 @@ async fn a_header_that_is_not_utf8_is_dead_lettered_without_a_reconnect_loop() {
     };
     let connected = connects();
 
+    // An ack sent while the poison message drops the connection may be lost: its message
+    // comes back after the ack wait, and counts once it is acked.
     let mut handed_out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while handed_out.len() < 4 && tokio::time::Instant::now() < deadline {
         match tokio::time::timeout(Duration::from_secs(2), subscriber.next()).await {
             Ok(Ok(delivery)) => {
-                handed_out.push(delivery.received().id.expect("oncebox's own messages"));
-                delivery.ack().await.unwrap();
+                let id = delivery.received().id.expect("oncebox's own messages");
+                match delivery.ack().await {
+                    Ok(()) if !handed_out.contains(&id) => handed_out.push(id),
+                    Ok(()) => {}
+                    Err(error) => eprintln!("ack of {id} lost, it comes back: {error}"),
+                }
             }
             Ok(Err(error)) => eprintln!("next: {error}"),
             Err(_) => {}
