@@ -6,39 +6,13 @@ mod support;
 
 use std::time::Duration;
 
-use oncebox_core::consumer::{
-    ConsumerOptions, Outcome, TransactionalInbox, TxHandler, process_delivery,
-};
+use oncebox_core::consumer::{ConsumerOptions, Outcome, TransactionalInbox, process_delivery};
 use oncebox_core::{Delivery, Message, Publisher, Subscriber};
-use oncebox_testkit::inbox::{InboxHarness, TxOf};
+use oncebox_testkit::inbox::InboxHarness;
+use oncebox_testkit::interop::{Effect, peer};
 use oncebox_testkit::sqlite::SqliteHarness;
 use serde_json::Value;
 use support::{NatsHarness, nats_url, unique};
-use tokio::process::Command;
-
-/// Runs `interop/peer.py` with `args`; returns its stdout.
-async fn peer(args: &[&str]) -> String {
-    let python = std::env::var("ONCEBOX_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "ONCEBOX_PYTHON is not set: the interop tests need the Python clients; install \
-             them with `export ONCEBOX_PYTHON=$(scripts/interop-tools.sh)` (scripts/test does)"
-        )
-    });
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../interop/peer.py");
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(&python).arg(script).args(args).output(),
-    )
-    .await
-    .expect("peer.py finishes within a minute")
-    .unwrap_or_else(|error| panic!("run {python}: {error}"));
-    assert!(
-        output.status.success(),
-        "peer.py {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8 output")
-}
 
 /// What oncebox publishes reads as a valid CloudEvent with the SDK: every required
 /// attribute, the key percent-encoded on the wire and decoded by the SDK, the content
@@ -83,19 +57,6 @@ async fn python_reads_what_oncebox_publishes() {
     assert_eq!(headers["ce-subject"], "Z%C3%BCrich%2042");
     assert_eq!(headers["traceparent"], traceparent);
     harness.cleanup().await;
-}
-
-struct Effect;
-
-impl TxHandler<TxOf<SqliteHarness>> for Effect {
-    type Output = ();
-    async fn handle(
-        &self,
-        message: &oncebox_core::Received,
-        tx: &mut TxOf<SqliteHarness>,
-    ) -> oncebox_core::Result<()> {
-        SqliteHarness::insert_effect(tx, &String::from_utf8_lossy(&message.payload)).await
-    }
 }
 
 /// A Python producer's events into a transactional inbox: UUID and other ids handled,

@@ -4,42 +4,16 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::{RabbitHarness, amqp_url, unique};
-use oncebox_core::consumer::{Consumer, ConsumerOptions, Outcome, TransactionalInbox, TxHandler};
-use oncebox_core::{Message, Publisher, Received};
+use oncebox_core::consumer::Outcome;
+use oncebox_core::{Message, Publisher};
 use oncebox_rabbitmq::{RabbitPublisher, peek_dead_letters};
-use oncebox_testkit::inbox::{InboxHarness, TxOf};
-use oncebox_testkit::sqlite::SqliteHarness;
+use oncebox_testkit::inbox::InboxHarness;
+use oncebox_testkit::interop::{inbox_outcomes, outcome_of, peer};
 use oncebox_testkit::transport::TransportHarness;
 use serde_json::Value;
-use tokio::process::Command;
-
-/// Runs `interop/peer.py` with `args`; returns its stdout.
-async fn peer(args: &[&str]) -> String {
-    let python = std::env::var("ONCEBOX_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "ONCEBOX_PYTHON is not set: the interop tests need the Python clients; install \
-             them with `export ONCEBOX_PYTHON=$(scripts/interop-tools.sh)` (scripts/test does)"
-        )
-    });
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../interop/peer.py");
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(&python).arg(script).args(args).output(),
-    )
-    .await
-    .expect("peer.py finishes within a minute")
-    .unwrap_or_else(|error| panic!("run {python}: {error}"));
-    assert!(
-        output.status.success(),
-        "peer.py {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8 output")
-}
 
 /// What oncebox publishes reads as a valid CloudEvent with the SDK's AMQP binding
 /// (RabbitMQ's headers as the application properties): every required attribute, the
@@ -85,19 +59,6 @@ async fn python_reads_what_oncebox_publishes() {
     assert!(headers.get("content-type").is_none(), "{headers}");
 }
 
-struct Effect;
-
-impl TxHandler<TxOf<SqliteHarness>> for Effect {
-    type Output = ();
-    async fn handle(
-        &self,
-        message: &Received,
-        tx: &mut TxOf<SqliteHarness>,
-    ) -> oncebox_core::Result<()> {
-        SqliteHarness::insert_effect(tx, &String::from_utf8_lossy(&message.payload)).await
-    }
-}
-
 /// A Python producer's events (pika) into a transactional inbox run by a `Consumer`:
 /// UUID and other ids handled, a duplicate skipped, a missing and an empty id
 /// dead-lettered saying so, the SDK's RabbitMQ binding (`ce-` headers) read too, `time`
@@ -109,48 +70,13 @@ async fn oncebox_receives_what_python_publishes() {
     let topic = unique("interop-in");
     let group = unique("interop-in-group");
     let subscriber = harness.subscriber(&topic, &group).await.unwrap();
-    let store = SqliteHarness::new().await;
-    let inbox =
-        TransactionalInbox::new(store.store(), Effect, ConsumerOptions::new("billing")).unwrap();
-    let seen: Arc<Mutex<Vec<(Received, Outcome)>>> = Arc::default();
-    let record = Arc::clone(&seen);
-    let consumer =
-        Consumer::new(subscriber, inbox)
-            .lanes(1)
-            .on_outcome(move |received, outcome| {
-                record
-                    .lock()
-                    .unwrap()
-                    .push((received.clone(), outcome.clone()));
-            });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(consumer.run_until(async {
-        let _ = stopped.await;
-    }));
-
-    peer(&["amqp-write", &amqp_url(), &harness.exchange, &topic]).await;
-
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while seen.lock().unwrap().len() < 7 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "7 outcomes within 20 s: {:?}",
-            seen.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
-
-    let seen = seen.lock().unwrap().clone();
-    let outcome = |payload: &str| {
-        let found: Vec<_> = seen
-            .iter()
-            .filter(|(received, _)| &received.payload[..] == payload.as_bytes())
-            .collect();
-        assert_eq!(found.len(), 1, "{payload}: {seen:?}");
-        found[0].clone()
-    };
+    let (store, seen) = inbox_outcomes(
+        subscriber,
+        peer(&["amqp-write", &amqp_url(), &harness.exchange, &topic]),
+        7,
+    )
+    .await;
+    let outcome = |payload: &str| outcome_of(&seen, payload);
     // 2026-11-21T13:05:09.123Z, as the Python producer wrote it.
     let time = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_266_309_123);
     for payload in ["uuid", "order-42-v1", "knative"] {

@@ -30,6 +30,8 @@ pub mod dedup;
 pub mod e2e;
 pub mod fixtures;
 pub mod inbox;
+#[cfg(feature = "sqlite")]
+pub mod interop;
 pub mod multi_relay;
 pub mod outbox;
 pub mod proxy;
