@@ -84,6 +84,7 @@ macro_rules! inbox_checks {
             consumer_figures,
             inbox_rows_listed_newest_first_filtered_and_paged,
             handler_timeout_rolls_back_and_dead_letters,
+            durable_handler_timeout_fails_the_attempt,
             cleanup_keeps_the_window,
         );
     };

@@ -33,6 +33,7 @@
 //! | [`inbox_rows_listed_newest_first_filtered_and_paged`] | [`InboxAdmin::inbox_rows`] lists every consumer's durable rows newest first with their state and result; each filter selects what it says; pages list every match once |
 //! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
 //! | [`handler_timeout_rolls_back_and_dead_letters`] | a handler sleeping past its timeout under a [`Consumer`]: retried, then dead-lettered with the timeout as reason; no effect, and every connection back in the pool |
+//! | [`durable_handler_timeout_fails_the_attempt`] | a durable inbox's processor stops a handler past its timeout: retried, then dead with the timeout as reason, no effect |
 //! | [`cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps its inbox records bounded to about one window's worth, and never deletes a record inside the window |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
@@ -72,7 +73,10 @@ pub use transactional::{
     many_concurrent_duplicates_have_one_effect, purge_is_bounded_and_selective,
     purge_respects_dedup_window,
 };
-pub use upkeep::{cleanup_keeps_the_window, handler_timeout_rolls_back_and_dead_letters};
+pub use upkeep::{
+    cleanup_keeps_the_window, durable_handler_timeout_fails_the_attempt,
+    handler_timeout_rolls_back_and_dead_letters,
+};
 
 /// The transaction type of a harness's inbox store.
 pub type TxOf<H> = <<H as InboxHarness>::Store as Transactional>::Tx;

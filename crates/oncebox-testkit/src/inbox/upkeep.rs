@@ -4,11 +4,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use oncebox_core::consumer::{Consumer, ConsumerOptions, InboxAdmin, Outcome};
+use oncebox_core::consumer::{
+    Consumer, ConsumerOptions, DurableInbox, InboxAdmin, InboxRowFilter, Outcome,
+};
 use oncebox_core::memory::MemoryBroker;
+use oncebox_core::spool::{RowStatus, SpoolOptions};
+use oncebox_core::store::{Accepted, DurableInboxStore};
 use oncebox_core::{Backoff, Message, Publisher};
 
-use super::{EffectHandler, InboxHarness, STEP, effects, inbox};
+use super::{DurableInboxHarness, EffectHandler, InboxHarness, STEP, effects, inbox};
 use crate::steady;
 use crate::support::{ok, within};
 
@@ -152,4 +156,83 @@ pub async fn cleanup_keeps_the_window<H: InboxHarness + 'static>(harness: &H) {
             .map_or(0, |f| f.handled))
     };
     steady::stays_bounded("inbox records", processor, count).await;
+}
+
+/// A durable inbox's processor stops a handler past the consumer's
+/// [`handler_timeout`](ConsumerOptions::handler_timeout) (200 ms, the spool's dispatch
+/// timeout being 5 s): each attempt fails and is retried, the row is dead after the
+/// spool's 2 attempts with the timeout in its reason, and no effect is committed.
+pub async fn durable_handler_timeout_fails_the_attempt<H>(harness: &H)
+where
+    H: DurableInboxHarness + 'static,
+{
+    let message = super::received(None, "stuck");
+    let store = harness.durable("slow");
+    let accepted = within(
+        "accept",
+        STEP,
+        store.accept(&super::dedup_id(&message), &message),
+    )
+    .await;
+    assert_eq!(ok("accept", accepted), Accepted::New);
+    let inbox = ok(
+        "DurableInbox::new",
+        DurableInbox::new(
+            harness.durable("slow"),
+            ConsumerOptions::new("slow").handler_timeout(Duration::from_millis(200)),
+        ),
+    );
+    let options = SpoolOptions::new()
+        .name("slow")
+        .lease(Duration::from_secs(10))
+        .dispatch_timeout(Duration::from_secs(5))
+        .max_attempts(2)
+        .backoff(
+            Backoff::new()
+                .initial(Duration::from_millis(20))
+                .jitter(0.0),
+        )
+        .poll_interval(Duration::from_millis(5), Duration::from_millis(40));
+    let handler = EffectHandler::<H>::new("slow").delay(Duration::from_secs(60));
+    let processor = ok("processor", inbox.processor(handler, options));
+    let admin = harness.store();
+    let filter = InboxRowFilter {
+        consumer: Some("slow".to_owned()),
+        ..InboxRowFilter::default()
+    };
+    let dead = async {
+        loop {
+            let rows = ok("inbox_rows", admin.inbox_rows(&filter, None, 10).await);
+            if rows.iter().any(|row| row.state.status == RowStatus::Dead) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let run = processor.run_until(dead);
+    let ran = within(
+        "two attempts past the timeout",
+        Duration::from_secs(20),
+        run,
+    )
+    .await;
+    ok("the processor's run", ran);
+    let rows = ok("inbox_rows", admin.inbox_rows(&filter, None, 10).await);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let state = &rows[0].state;
+    assert_eq!(
+        (state.status, state.attempts),
+        (RowStatus::Dead, 2),
+        "{state:?}"
+    );
+    let reason = state.last_error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("did not finish within 200ms"),
+        "the reason names the timeout: {reason}"
+    );
+    assert_eq!(
+        effects(harness, "slow", &message).await,
+        0,
+        "a stopped handler's effect is rolled back"
+    );
 }
