@@ -100,9 +100,11 @@ async fn operators_see_and_repair_the_outbox_in_a_browser() {
     assert_eq!(cookie.same_site, Some(SameSite::Strict), "{cookie:?}");
     assert_eq!(cookie.path.as_deref(), Some("/ops/"), "{cookie:?}");
 
-    // The overview counts the seeded outbox.
+    // The overview counts the seeded outbox: the 5 rows due tomorrow, never attempted,
+    // are scheduled messages, not pending ones.
     browser.goto(&format!("{site}/")).await.expect("loads");
-    assert_eq!(browser.text("#pending").await.expect("pending"), "5");
+    assert_eq!(browser.text("#pending").await.expect("pending"), "0");
+    assert_eq!(browser.text("#scheduled").await.expect("scheduled"), "5");
     assert_eq!(
         browser.text("#published").await.expect("published"),
         PUBLISHED.to_string()
@@ -554,7 +556,7 @@ redis_dedup_prefix = "{schema}:dedup"
 }
 
 /// Published rows of 5 customers over the last hour, more of them lately; 5 pending rows
-/// due tomorrow; three dead letters; two inbox consumers' records and a completed dedup
+/// scheduled for tomorrow; three dead letters; two inbox consumers' records and a completed dedup
 /// record; inserted as a service in another language would.
 fn seed(schema: &str) {
     psql(&format!(

@@ -14,6 +14,11 @@ use std::time::{Duration, SystemTime};
 /// key, due or not, waits behind it until it is published (or dead, or cancelled). Give a
 /// message that should not hold others back no key, or a key of its own.
 ///
+/// Until it is due, a scheduled row stays among the pending rows in commit order, which
+/// each claim of a relay reads from the oldest: a few scheduled rows cost nothing, but
+/// many thousands scheduled far ahead make every claim read past them. Schedule at that
+/// scale in a table of your own, and enqueue each message when it comes due.
+///
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use oncebox_core::Schedule;

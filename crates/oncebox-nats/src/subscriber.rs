@@ -406,10 +406,19 @@ impl Subscriber for JetStreamSubscriber {
             };
             let message = match pulled {
                 Pulled::Reconnected(connects) => {
-                    if let Some(consumer) = &self.consumer {
-                        remove_unreadable(&self.shared, &self.route, consumer).await?;
-                    }
+                    // One look per reconnection: a look that fails (no permission for
+                    // the raw message API, say) is logged, not retried at every pull.
                     self.connects_seen = connects;
+                    if let Some(consumer) = &self.consumer {
+                        if let Err(error) =
+                            remove_unreadable(&self.shared, &self.route, consumer).await
+                        {
+                            tracing::warn!(
+                                consumer = %self.route.consumer, %error,
+                                "could not look for unreadable messages after a reconnection"
+                            );
+                        }
+                    }
                     continue;
                 }
                 Pulled::Message(Some(Ok(message))) => message,

@@ -16,6 +16,12 @@
 //! read), and no consumer on this client could read it anyway. The server does not
 //! deliver a deleted message again; the messages lost with it come back after the ack
 //! wait.
+//!
+//! The deletion is the stream's, not the group's: every other group (durable consumer)
+//! of the stream that has not received the message yet never will, and only the group
+//! that found it holds the dead letter. A client in another language that can read the
+//! header, consuming the same stream in a group of its own, loses it too. Give such
+//! consumers a stream of their own (a mirror or a source) where that matters.
 
 use std::str::FromStr;
 

@@ -113,7 +113,7 @@ pub(crate) fn decode(
             if name == DELIVERY_COUNT_HEADER || skip(name) {
                 continue;
             }
-            let time = matches!(name, "cloudEvents_time" | "cloudEvents:time")
+            let time = matches!(name, "cloudEvents_time" | "cloudEvents:time" | "ce-time")
                 .then(|| native_time(value))
                 .flatten();
             if let Some(time) = time {
@@ -188,13 +188,16 @@ pub(crate) fn decode(
 
 /// A `time` attribute of a native AMQP type: AMQP 0-9-1's timestamp is seconds since
 /// the epoch; an integer is AMQP 1.0's timestamp, milliseconds since the epoch, as the
-/// CloudEvents SDKs write it.
+/// CloudEvents SDKs write it. `None` for a time no RFC 3339 text can hold (beyond the
+/// year 9999): it is kept as a header, as any attribute that does not parse.
 fn native_time(value: &AMQPValue) -> Option<SystemTime> {
     let since_epoch = match value {
         AMQPValue::Timestamp(seconds) => Duration::from_secs(*seconds),
         other => Duration::from_millis(u64::try_from(integer(other)?).ok()?),
     };
-    SystemTime::UNIX_EPOCH.checked_add(since_epoch)
+    /// 9999-12-31T23:59:59Z.
+    const LAST_WRITABLE: Duration = Duration::from_secs(253_402_300_799);
+    (since_epoch <= LAST_WRITABLE).then(|| SystemTime::UNIX_EPOCH + since_epoch)
 }
 
 /// How many times a delivery has been delivered, this one included: the quorum queue's
@@ -375,6 +378,32 @@ mod tests {
             assert_eq!(received.headers.get("ce_id"), Some("42"));
             assert_eq!(received.headers.get("ce_sequence"), Some("7"));
         }
+    }
+
+    /// The RabbitMQ binding's `ce-time` as a timestamp is read as `cloudEvents_time` is;
+    /// a timestamp past what RFC 3339 can write stays a header instead of becoming 1970.
+    #[test]
+    fn native_times_of_the_other_binding_and_out_of_range() {
+        let read = |name: &str, time: AMQPValue| {
+            let mut headers = FieldTable::default();
+            headers.insert(name.into(), time);
+            headers.insert("cloudEvents_id".into(), AMQPValue::LongString("a".into()));
+            let properties = BasicProperties::default().with_headers(headers);
+            decode(
+                &WireFormat::amqp(),
+                incoming(&properties, false),
+                |_| false,
+                Strictness::Strict,
+            )
+            .expect("decodes")
+        };
+        let received = read("ce-time", AMQPValue::Timestamp(1_795_000_000));
+        assert_eq!(
+            received.created_at,
+            SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(1_795_000_000))
+        );
+        let received = read("cloudEvents_time", AMQPValue::Timestamp(u64::MAX / 2));
+        assert_eq!(received.created_at, None, "{received:?}");
     }
 
     /// Found by the fuzz target `message_roundtrip`: a message's own `x-delivery-count`

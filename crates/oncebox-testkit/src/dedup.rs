@@ -32,7 +32,7 @@
 //! | [`receiver_failure_frees_id`] | a failed handler frees the id, so the redelivery runs it again |
 //! | [`receiver_keeps_its_lease_while_the_handler_runs`] | a handler slower than its lease keeps the id: a copy meanwhile waits, never runs beside it |
 //! | [`receiver_handler_timeout_frees_the_id`] | a handler past its timeout is stopped and frees the id at once; retried, then dead-lettered with the timeout as reason |
-//! | [`receiver_cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps the store's records bounded to about one window's worth, and never forgets a record inside the window (stores that count their records) |
+//! | [`receiver_cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps the store's records under three windows' worth, and never forgets a record inside the window (stores that count their records) |
 //!
 //! [`IdempotentReceiver`]: oncebox_core::consumer::IdempotentReceiver
 //! [`Consumer`]: oncebox_core::consumer::Consumer

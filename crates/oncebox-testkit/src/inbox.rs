@@ -34,7 +34,7 @@
 //! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
 //! | [`handler_timeout_rolls_back_and_dead_letters`] | a handler sleeping past its timeout under a [`Consumer`]: retried, then dead-lettered with the timeout as reason; no effect, and every connection back in the pool |
 //! | [`durable_handler_timeout_fails_the_attempt`] | a durable inbox's processor stops a handler past its timeout: retried, then dead with the timeout as reason, no effect |
-//! | [`cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps its inbox records bounded to about one window's worth, and never deletes a record inside the window |
+//! | [`cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps its inbox records under three windows' worth, and never deletes a record inside the window |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
 //! [`Consumer`]: oncebox_core::consumer::Consumer

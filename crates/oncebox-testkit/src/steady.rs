@@ -2,12 +2,12 @@
 //! shared part of the checks that the consumer's cleanup keeps its tables bounded.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncebox_core::consumer::{Consumer, ConsumerOptions, Outcome, Process};
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::{Coordinates, Message, Publisher, Received, Result};
+use oncebox_core::{Coordinates, Message, MessageId, Publisher, Received, Result};
 use tokio::time::Instant;
 
 use crate::support::{ok, within};
@@ -36,8 +36,9 @@ pub(crate) fn options(consumer: &str) -> ConsumerOptions {
 ///
 /// - once two windows have passed, the count never exceeds three windows' worth of
 ///   messages (without cleanup it would reach the ten windows' thousand);
-/// - a message handled 0.6 s before the end (inside the window, after at least two
-///   cleanup passes) is still a duplicate when delivered again.
+/// - a message handled 0.5 to 0.8 s before (inside the window, with cleanup passes
+///   since) is still a duplicate when delivered again, while the consumer and its
+///   cleanup still run.
 pub(crate) async fn stays_bounded<P, C, F>(what: &str, processor: P, count: C)
 where
     P: Process + 'static,
@@ -49,11 +50,18 @@ where
     let topic = "conformance.steady";
     let subscriber = broker.subscribe(topic, processor.options().name());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let consumer = tokio::spawn(Consumer::new(subscriber, Arc::clone(&processor)).run_until(
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let handled: Arc<Mutex<Vec<(Instant, MessageId)>>> = Arc::default();
+    let record = Arc::clone(&handled);
+    let consumer =
+        Consumer::new(subscriber, Arc::clone(&processor)).on_outcome(move |received, outcome| {
+            if let (Outcome::Handled, Some(id)) = (outcome, received.id) {
+                let mut handled = record.lock().unwrap_or_else(PoisonError::into_inner);
+                handled.push((Instant::now(), id));
+            }
+        });
+    let consumer = tokio::spawn(consumer.run_until(async {
+        let _ = stopped.await;
+    }));
 
     let publisher = broker.publisher();
     let start = Instant::now();
@@ -71,7 +79,45 @@ where
         }
         tokio::time::sleep(PACE).await;
     }
-    let end = Instant::now();
+    // Checked while the consumer, and its cleanup, still run: a message handled between
+    // 0.5 and 0.8 s ago, inside the window, with cleanup passes since.
+    let now = Instant::now();
+    let recent_id = handled
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .rev()
+        .find(|(at, _)| {
+            let ago = now.duration_since(*at);
+            ago >= Duration::from_millis(500) && ago <= Duration::from_millis(800)
+        })
+        .map(|(_, id)| *id)
+        .expect("a message handled 0.5 to 0.8 s ago: the consumer kept up");
+    let (_, recent) = sent
+        .iter()
+        .find(|(_, message)| message.id == recent_id)
+        .expect("the handled message was sent");
+    let at = Coordinates {
+        source: topic.to_owned(),
+        partition: None,
+        position: "again".to_owned(),
+    };
+    let again = Received::from_message(recent, at, 2);
+    let outcome = ok(
+        "deliver a recent message again",
+        within(
+            "process a redelivery",
+            Duration::from_secs(10),
+            processor.process(&again),
+        )
+        .await,
+    );
+    assert_eq!(
+        outcome,
+        Outcome::Duplicate,
+        "a message handled inside the dedup window must still be a duplicate after the \
+         cleanup passes since"
+    );
     let _ = stop.send(());
     ok(
         "the consumer's run",
@@ -98,32 +144,5 @@ where
         "the {what} grew past three dedup windows' worth ({limit} of {} sent): \
          samples (elapsed, records) {samples:?}",
         sent.len()
-    );
-
-    let (_, recent) = sent
-        .iter()
-        .rev()
-        .find(|(at, _)| end.duration_since(*at) >= Duration::from_millis(600))
-        .expect("a message sent 0.6 s before the end");
-    let at = Coordinates {
-        source: topic.to_owned(),
-        partition: None,
-        position: "again".to_owned(),
-    };
-    let again = Received::from_message(recent, at, 2);
-    let outcome = ok(
-        "deliver a recent message again",
-        within(
-            "process a redelivery",
-            Duration::from_secs(10),
-            processor.process(&again),
-        )
-        .await,
-    );
-    assert_eq!(
-        outcome,
-        Outcome::Duplicate,
-        "a message handled inside the dedup window must still be a duplicate after the \
-         cleanup passes since"
     );
 }

@@ -111,9 +111,12 @@ impl ConsumerOptions {
     /// connection, the idempotent receiver frees the id, the durable inbox's processor
     /// releases the row for a later attempt; after
     /// [`max_attempts`](Self::max_attempts) the message is dead-lettered like any other
-    /// failure. So a stuck handler holds neither a key, a lease nor a connection for
-    /// longer than this. Dropping stops the handler at its next `.await`: work it does
-    /// without yielding (a blocking call) is not interrupted. Default: 5 minutes.
+    /// failure. Dropping stops the handler at its next `.await`: work it does without
+    /// yielding (a blocking call) is not interrupted, and a statement it was waiting for
+    /// runs on in the database (holding its locks, the inbox record's among them, and
+    /// its connection) until it ends: bound those with the database's own limits
+    /// (PostgreSQL's `statement_timeout` and `lock_timeout`, MySQL's
+    /// `max_execution_time` and `innodb_lock_wait_timeout`). Default: 5 minutes.
     ///
     /// A durable inbox's processor also bounds each whole delivery (begin, handler,
     /// commit) by its [`SpoolOptions::dispatch_timeout`](crate::spool::SpoolOptions::dispatch_timeout);

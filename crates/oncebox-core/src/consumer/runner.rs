@@ -117,7 +117,9 @@ where
             };
             lanes.spawn(lane.run(rx));
         }
-        let cleanup = tokio::spawn(cleanup_loop(Arc::clone(&self.processor)));
+        // In a set of its own, so that dropping this future stops it too.
+        let mut cleanup = JoinSet::new();
+        cleanup.spawn(cleanup_loop(Arc::clone(&self.processor)));
         let mut round_robin = 0usize;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut failure = None;
@@ -161,7 +163,7 @@ where
         }
         let _ = stop.send(true);
         // Each cleanup statement is bounded and cancel safe: stop between any two.
-        cleanup.abort();
+        cleanup.abort_all();
         drop(senders);
         while let Some(ended) = lanes.join_next().await {
             if let Err(error) = flatten(ended) {

@@ -22,9 +22,11 @@ pub struct OutboxStats {
     pub done: u64,
     /// Rows given up on.
     pub dead: u64,
-    /// How long the first pending row in commit order has waited: since its creation, or
-    /// for a scheduled row since its delivery time; scheduled rows not yet due are passed
-    /// over. `None` when nothing is pending.
+    /// How long the first pending row in commit order has waited: scheduled rows not yet
+    /// due are passed over; a row never attempted counts from the later of its creation
+    /// and the time it became due (its delivery time if scheduled; on PostgreSQL and
+    /// SQLite its enqueue otherwise, which MySQL does not keep: there, its creation), a
+    /// row being retried from its creation. `None` when nothing is pending.
     pub oldest_pending_age: Option<Duration>,
 }
 

@@ -25,13 +25,9 @@ static LOCK_PENDING: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT seq FROM {TABLE} WHERE id = ? AND status = {PENDING} FOR UPDATE")
 });
 
-/// The rows held by the outbox's live claims (JSON arrays), read with shared locks: the
-/// claims committed last, whatever the transaction's snapshot.
+/// The rows held by the outbox's live claims (JSON arrays).
 static LIVE_CLAIMS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT seqs FROM oncebox_claims WHERE spool = '{TABLE}' AND lease_until > {NOW_MS}
-LOCK IN SHARE MODE"
-    )
+    format!("SELECT seqs FROM oncebox_claims WHERE spool = '{TABLE}' AND lease_until > {NOW_MS}")
 });
 
 /// `?` seq.
@@ -95,10 +91,13 @@ impl MySqlOutbox {
     /// published it all the same (leases bound the outbox's guarantees, as for any
     /// duplicate).
     ///
-    /// Three statements: the row is locked (waiting for a claim taking it right now),
-    /// the live claims are read with shared locks, and the row is deleted if none holds
-    /// it. The row lock is held to the end of the transaction, so that no claim takes
-    /// the row meanwhile.
+    /// Three statements: the row is locked (waiting for a claim taking it right now to
+    /// commit), the live claims are read on a pool connection of their own (a fresh
+    /// snapshot, which sees that claim, whatever `conn`'s snapshot; no lock on the claims,
+    /// which relays write), and the row is deleted if none holds it. The row lock is held
+    /// to the end of the transaction, so that no claim takes the row meanwhile: only that
+    /// row's claim waits for the caller's commit. The read takes a second connection of the
+    /// pool while `conn` is held.
     ///
     /// # Errors
     ///
@@ -120,7 +119,7 @@ impl MySqlOutbox {
         };
         let seq: i64 = row.try_get("seq").map_err(store_error)?;
         let claims = query(&LIVE_CLAIMS)
-            .fetch_all(&mut *conn)
+            .fetch_all(self.pool())
             .await
             .map_err(store_error)?;
         for claim in claims {

@@ -230,13 +230,12 @@ fn notify_from(channel: Option<&str>) -> String {
     }
 }
 
-/// The statements every layout shares; `topic` is the column holding the topic and
-/// `created` the creation time, over alias `t`.
 /// The columns of the figures of rows waiting, over `layout`'s table: `waiting` (every
 /// pending row), `scheduled` (pending, never attempted, due later: a scheduled message),
 /// `dead`, and `oldest_pending_us`, how long the first pending row in commit order that
-/// is not scheduled ahead has waited: since it became due if it was scheduled, else since
-/// `created` (over alias `t`). Counting the scheduled rows reads each pending row.
+/// is not scheduled ahead has waited: for a row never attempted, since the later of
+/// `created` (over alias `t`) and the time it became due, else since `created`. Counting
+/// the scheduled rows reads each pending row.
 fn waiting(layout: &Layout, created: &str) -> String {
     let c = &layout.col;
     let scheduled = format!(
@@ -261,6 +260,8 @@ fn waiting(layout: &Layout, created: &str) -> String {
     )
 }
 
+/// The statements every layout shares; `topic` is the column holding the topic and
+/// `created` the creation time, over alias `t`.
 fn admin(layout: &Layout, topic: &str, created: &str) -> OutboxSql {
     let c = &layout.col;
     let t = &layout.table;

@@ -156,7 +156,7 @@ pub async fn batch_rolls_back_with_the_business_row<H: OutboxHarness>(harness: &
             harness.business_rows("batch-rollback").await
         ),
         0,
-        "the rolled-back business row is there"
+        "the rolled-back business row is gone"
     );
     for m in &batch {
         assert_eq!(
