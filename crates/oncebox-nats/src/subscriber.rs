@@ -409,15 +409,14 @@ impl Subscriber for JetStreamSubscriber {
                     // One look per reconnection: a look that fails (no permission for
                     // the raw message API, say) is logged, not retried at every pull.
                     self.connects_seen = connects;
-                    if let Some(consumer) = &self.consumer {
-                        if let Err(error) =
+                    if let Some(consumer) = &self.consumer
+                        && let Err(error) =
                             remove_unreadable(&self.shared, &self.route, consumer).await
-                        {
-                            tracing::warn!(
-                                consumer = %self.route.consumer, %error,
-                                "could not look for unreadable messages after a reconnection"
-                            );
-                        }
+                    {
+                        tracing::warn!(
+                            consumer = %self.route.consumer, %error,
+                            "could not look for unreadable messages after a reconnection"
+                        );
                     }
                     continue;
                 }
