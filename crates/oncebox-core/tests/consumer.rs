@@ -181,3 +181,133 @@ async fn a_panicking_handler_is_a_failed_attempt_and_the_consumer_runs_on() {
         "{outcomes:?}"
     );
 }
+
+/// What a [`stop_test_receiver`] did: handler runs begun, effects per payload.
+#[derive(Default)]
+struct StopTestLog {
+    runs: AtomicU32,
+    effects: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// An idempotent receiver whose handler counts its run, waits `delay`, then records its
+/// effect; `started` is told of every run.
+fn stop_test_receiver(
+    dedup: Arc<MemoryDedupStore>,
+    log: Arc<StopTestLog>,
+    delay: Duration,
+    started: Arc<tokio::sync::Notify>,
+) -> impl Process + 'static {
+    IdempotentReceiver::new(
+        dedup,
+        handler_fn(move |msg: &Received| {
+            let (log, started) = (Arc::clone(&log), Arc::clone(&started));
+            let payload = String::from_utf8_lossy(&msg.payload).into_owned();
+            async move {
+                log.runs.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                tokio::time::sleep(delay).await;
+                *log.effects
+                    .lock()
+                    .expect("lock")
+                    .entry(payload)
+                    .or_default() += 1;
+                Ok(())
+            }
+        }),
+        ConsumerOptions::new("stopping"),
+    )
+    .expect("options")
+}
+
+/// Collects a consumer's outcomes, calling `then` after each.
+fn outcomes_of<Sub: Subscriber, P: Process + 'static>(
+    consumer: Consumer<Sub, P>,
+    then: impl Fn() + Send + Sync + 'static,
+) -> (Consumer<Sub, P>, Arc<std::sync::Mutex<Vec<Outcome>>>) {
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&outcomes);
+    let consumer = consumer.on_outcome(move |_, outcome| {
+        seen.lock().expect("lock").push(outcome.clone());
+        then();
+    });
+    (consumer, outcomes)
+}
+
+/// A stop while a slow handler runs and more deliveries wait behind it than its lane
+/// queues (70): the running one finishes, no other starts, and the ones not started are
+/// handed back at once (the broker's 30 s ack timeout would bring dropped ones back too
+/// late for this test): the next run handles each of them once, and neither run counts
+/// a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_hands_back_the_deliveries_not_started() {
+    const MESSAGES: usize = 70;
+    let broker = MemoryBroker::new();
+    let publisher = broker.publisher();
+    for i in 0..MESSAGES {
+        publisher
+            .publish(&Message::new("stopping", format!("m{i}")))
+            .await
+            .expect("published");
+    }
+    let dedup = Arc::new(MemoryDedupStore::new(1000));
+    let log = Arc::new(StopTestLog::default());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let slow = stop_test_receiver(
+        Arc::clone(&dedup),
+        Arc::clone(&log),
+        Duration::from_millis(200),
+        Arc::clone(&started),
+    );
+    let (consumer, first) = outcomes_of(
+        Consumer::new(broker.subscribe("stopping", "stopping"), slow).lanes(1),
+        || {},
+    );
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        consumer.run_until(started.notified()),
+    )
+    .await
+    .expect("the stop did not end")
+    .expect("the consumer ended with an error");
+    let runs = log.runs.load(Ordering::SeqCst);
+    let first = first.lock().expect("lock").clone();
+    assert_eq!(
+        (runs, first.as_slice()),
+        (1, [Outcome::Handled].as_slice()),
+        "the running delivery finished and none started after the stop"
+    );
+
+    let done = Arc::new(tokio::sync::Notify::new());
+    let quick = stop_test_receiver(
+        Arc::clone(&dedup),
+        Arc::clone(&log),
+        Duration::ZERO,
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let (consumer, second) = outcomes_of(
+        Consumer::new(broker.subscribe("stopping", "stopping"), quick).lanes(1),
+        {
+            let (log, done) = (Arc::clone(&log), Arc::clone(&done));
+            move || {
+                if log.effects.lock().expect("lock").len() == MESSAGES {
+                    done.notify_one();
+                }
+            }
+        },
+    );
+    tokio::time::timeout(Duration::from_secs(10), consumer.run_until(done.notified()))
+        .await
+        .expect("the handed back deliveries did not come back")
+        .expect("the consumer ended with an error");
+    let effects = log.effects.lock().expect("lock").clone();
+    assert!(
+        (0..MESSAGES).all(|i| effects.get(&format!("m{i}")) == Some(&1)),
+        "each message's effect once: {effects:?}"
+    );
+    let second = second.lock().expect("lock").clone();
+    assert!(
+        second.iter().all(|outcome| *outcome == Outcome::Handled),
+        "no failure counted: {second:?}"
+    );
+    assert!(broker.dead_letters("stopping").is_empty());
+}

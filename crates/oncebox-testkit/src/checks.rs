@@ -85,6 +85,7 @@ macro_rules! inbox_checks {
             inbox_rows_listed_newest_first_filtered_and_paged,
             handler_timeout_rolls_back_and_dead_letters,
             durable_handler_timeout_fails_the_attempt,
+            stop_hands_back_queued_deliveries,
             cleanup_keeps_the_window,
         );
     };

@@ -34,6 +34,7 @@
 //! | [`consumer_figures`] | [`InboxAdmin::consumers`] counts what the engine did: handled, pending, dead, duplicates skipped by either inbox, last handled time |
 //! | [`handler_timeout_rolls_back_and_dead_letters`] | a handler sleeping past its timeout under a [`Consumer`]: retried, then dead-lettered with the timeout as reason; no effect, and every connection back in the pool |
 //! | [`durable_handler_timeout_fails_the_attempt`] | a durable inbox's processor stops a handler past its timeout: retried, then dead with the timeout as reason, no effect |
+//! | [`stop_hands_back_queued_deliveries`] | a [`Consumer`] stopped behind a slow handler finishes the deliveries it started, starts no other, and hands the rest back to the broker at once: the next run has each effect once, no failure counted |
 //! | [`cleanup_keeps_the_window`] | a [`Consumer`] running ten dedup windows keeps its inbox records under three windows' worth, and never deletes a record inside the window |
 //!
 //! [`DurableInbox`]: oncebox_core::consumer::DurableInbox
@@ -58,6 +59,7 @@ use crate::support::{ok, within};
 mod durable;
 mod figures;
 mod listing;
+mod stop;
 mod transactional;
 mod upkeep;
 
@@ -67,6 +69,7 @@ pub use durable::{
 };
 pub use figures::consumer_figures;
 pub use listing::inbox_rows_listed_newest_first_filtered_and_paged;
+pub use stop::stop_hands_back_queued_deliveries;
 pub use transactional::{
     concurrent_duplicates_have_one_effect, duplicate_returns_first_result,
     failure_rolls_back_record_and_effect, hostile_ids_round_trip,

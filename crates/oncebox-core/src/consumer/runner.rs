@@ -86,9 +86,16 @@ where
         self
     }
 
-    /// Consumes until `shutdown` completes or the subscription closes, then lets the
-    /// lanes finish the deliveries they hold. A delivery held through an outage of the
-    /// store is nacked at shutdown instead of waiting for the store.
+    /// Consumes until `shutdown` completes or the subscription closes, then stops: each
+    /// lane finishes the delivery it is processing (bounded by the
+    /// [`handler_timeout`](super::ConsumerOptions::handler_timeout)) and hands back the
+    /// ones queued behind it without starting them (up to 64 a lane), nacked with no
+    /// delay so that the broker delivers them again at once (to another member of the
+    /// group, or to the next run). A handed back delivery is no outcome and no failure;
+    /// a broker that counts deliveries counts its redelivery in
+    /// [`Received::delivery_count`] as it counts any. A stop thus takes about one
+    /// handler's time, not the time of every queued delivery. A delivery held through an
+    /// outage of the store is nacked at shutdown instead of waiting for the store.
     ///
     /// # Errors
     ///
@@ -156,9 +163,19 @@ where
                     round_robin % senders.len()
                 }
             };
-            if senders[lane].send(delivery).await.is_err() {
-                // The lane ended; its join below reports why.
-                break;
+            // Waiting for room in a full lane must not delay the stop: the delivery in
+            // hand is then handed back, not started.
+            let room = tokio::select! {
+                () = &mut shutdown => Err(()),
+                room = senders[lane].reserve() => room.map_err(drop),
+            };
+            match room {
+                Ok(room) => room.send(delivery),
+                Err(()) => {
+                    // Stopping, or the lane ended (its join below reports why).
+                    hand_back(delivery).await;
+                    break;
+                }
             }
         }
         let _ = stop.send(true);
@@ -184,7 +201,15 @@ struct Lane<P> {
 
 impl<P: Process> Lane<P> {
     async fn run<D: Delivery>(mut self, mut deliveries: mpsc::Receiver<D>) -> Result<()> {
+        let mut handed_back = 0u64;
         while let Some(delivery) = deliveries.recv().await {
+            if *self.stopped.borrow() {
+                // Stopping: what waits behind the delivery that was running is not
+                // started, but handed back to the broker at once.
+                hand_back(delivery).await;
+                handed_back += 1;
+                continue;
+            }
             // Settling consumes the delivery: keep a copy only for an observer.
             let received = self.observer.as_ref().map(|_| delivery.received().clone());
             let settled = settle(
@@ -206,7 +231,23 @@ impl<P: Process> Lane<P> {
                 }
             }
         }
+        if handed_back > 0 {
+            tracing::debug!(
+                consumer = %self.processor.options().consumer,
+                handed_back,
+                "stopping: handed back the deliveries not started"
+            );
+        }
         Ok(())
+    }
+}
+
+/// Hands a delivery not started back to the broker, due again at once: nacked without
+/// delay, neither processed nor counted as an outcome. If the broker does not take the
+/// nack, it redelivers the message after its ack timeout instead.
+async fn hand_back<D: Delivery>(delivery: D) {
+    if let Err(error) = delivery.nack(Duration::ZERO).await {
+        tracing::warn!(%error, "could not hand back a delivery at stop; the broker will redeliver it after its ack timeout");
     }
 }
 
