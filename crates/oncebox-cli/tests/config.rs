@@ -236,6 +236,36 @@ fn zero_and_negative_limits_are_named() {
     );
 }
 
+/// A duration too long for any use (`dashboard.session_ttl = "500000000000y"` panicked
+/// at every login) is refused when the configuration loads, by every command, `config
+/// check` included, with the key and the bound named.
+#[test]
+fn a_duration_past_the_bound_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = config_with(dir.path(), "[dashboard]\nsession_ttl = \"500000000000y\"");
+    let line = refused(dir.path(), &config, &[], "dashboard.session_ttl");
+    assert!(line.contains("100years"), "the bound is named: {line}");
+    let config = config_with(dir.path(), "");
+    refused(
+        dir.path(),
+        &config,
+        &[("ONCEBOX_RELAY__RETENTION", "500000000000y")],
+        "relay.retention",
+    );
+    let out = support::oncebox()
+        .env_remove("RUST_LOG")
+        .env("ONCEBOX_DASHBOARD__SESSION_TTL", "101years")
+        .arg("--config")
+        .arg(&config)
+        .args(["config", "check"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("dashboard.session_ttl"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing printed as checked");
+}
+
 #[test]
 fn a_password_in_a_url_is_refused_without_being_shown() {
     let dir = tempfile::tempdir().expect("a directory");

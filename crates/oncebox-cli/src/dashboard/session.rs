@@ -267,6 +267,34 @@ mod tests {
         assert!(sessions.find(&id).is_none());
     }
 
+    /// The longest `dashboard.session_ttl` the configuration accepts: a login opens a
+    /// session (`Instant + ttl` must not overflow) and its cookie lasts as long.
+    #[test]
+    fn a_login_with_the_longest_session_ttl_accepted_works() {
+        let config = crate::config::Config::load_from_text(
+            &format!(
+                "[dashboard]\nsession_ttl = \"{}\"\n",
+                crate::config::Span::MAX
+            ),
+            &[],
+        )
+        .expect("the longest session_ttl is accepted");
+        let ttl = config.dashboard.session_ttl.get();
+        let sessions = Sessions::new(
+            serde_json::from_str("\"a-token-long-enough\"").expect("a secret"),
+            ttl,
+            false,
+        );
+        let id = sessions.open("a-token-long-enough").expect("a session");
+        assert!(sessions.find(&id).is_some(), "open");
+        let cookie = sessions.cookie("", Some(&id));
+        let cookie = cookie.to_str().expect("text");
+        assert!(
+            cookie.contains(&format!("Max-Age={};", ttl.as_secs())),
+            "{cookie}"
+        );
+    }
+
     #[test]
     fn the_cookie_is_http_only_strict_and_scoped_to_the_base_path() {
         let sessions = Sessions::new(
