@@ -1,39 +1,42 @@
-//! The idempotent path of a request: buffer and fingerprint the body, take the key,
-//! run the handler, store and return its response; or answer from the store.
+//! The idempotent path of a request: buffer and fingerprint the body, take the key and
+//! hand it to [`held`](crate::held) (the handler on a task of its own); or answer from
+//! the store.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use oncebox_core::Error;
-use oncebox_core::consumer::{StoreFailure, keep_lease};
-use oncebox_core::store::{Begin, DedupStore, FencingToken};
+use oncebox_core::consumer::StoreFailure;
+use oncebox_core::store::{Begin, DedupStore};
 use tower_service::Service;
 
 use crate::body::{Collected, RequestBody, ResponseBody, Unfinished, collect_limited};
 use crate::fingerprint::Fingerprint;
+use crate::held::{self, Answer, Taken};
 use crate::layer::Shared;
 use crate::options::{IDEMPOTENT_REPLAYED, IdempotencyOptions, retry_after_secs};
 use crate::problem::Problem;
 use crate::record::StoredResponse;
 use crate::service::too_large;
 
-type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
-
 pub(crate) async fn run<Svc, S, ReqB, ResB>(
     shared: Arc<Shared<S>>,
-    mut inner: Svc,
+    inner: Svc,
     parts: Box<Parts>,
     body: ReqB,
     scope: String,
 ) -> Answer<ResB, Svc::Error>
 where
-    Svc: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    Svc: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    Svc::Future: Send + 'static,
+    Svc::Error: Send + 'static,
     S: DedupStore + 'static,
-    ReqB: Body<Data = Bytes> + Unpin,
-    ResB: Body<Data = Bytes> + Unpin,
+    ReqB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Send,
 {
     let options = &shared.options;
     let collected = match collect_limited(body, options.max_body_bytes).await {
@@ -71,95 +74,15 @@ where
         Err(error) => return Box::pin(store_failed(error, options, inner, parts, collected)).await,
     };
 
-    let mut hold = Hold {
-        shared: &shared,
+    let request = Request::from_parts(*parts, RequestBody::buffered(collected));
+    let taken = Taken {
+        shared,
         scope,
         token,
-        armed: true,
-    };
-    let request = Request::from_parts(*parts, RequestBody::buffered(collected));
-    // The key's lease is kept alive while the handler runs: a retry meanwhile gets 409,
-    // however long the handler takes. A handler whose lease cannot be kept (the store is
-    // unreachable for a whole lease) is stopped before another request could take the key.
-    let handled = keep_lease(
-        &shared.store,
-        &hold.scope,
-        token,
-        options.lease,
         taken_at,
-        async { Ok(inner.call(request).await) },
-    )
-    .await;
-    let response = match handled {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
-            hold.abandon().await;
-            return Err(error);
-        }
-        Err(lost) => {
-            tracing::warn!(%lost, "the idempotency key's lease could not be kept; the handler was stopped");
-            hold.armed = false;
-            return Ok(Problem::StoreUnavailable.response(
-                "the idempotency key could not be kept while the request ran; retry later",
-                Some(options.retry_after_secs()),
-            ));
-        }
+        fingerprint,
     };
-    if !should_store(response.status(), options) {
-        hold.abandon().await;
-        return Ok(response.map(ResponseBody::inner));
-    }
-    let (head, body) = response.into_parts();
-    // Boxed, like the request's parts: the future stays small (no large allocation, no
-    // large moves) while the body is read.
-    let head = Box::new(head);
-    match collect_limited(body, options.max_response_bytes).await {
-        Ok(collected) if collected.trailers.is_none() => {
-            let record = StoredResponse::encode(
-                &fingerprint,
-                head.status,
-                &head.headers,
-                &options.replay_headers,
-                &collected.data,
-            );
-            hold.complete(&record).await;
-            Ok(Response::from_parts(
-                *head,
-                ResponseBody::collected(collected),
-            ))
-        }
-        Ok(with_trailers) => {
-            tracing::debug!("response has trailers, which are not replayed: not stored");
-            hold.abandon().await;
-            Ok(Response::from_parts(
-                *head,
-                ResponseBody::collected(with_trailers),
-            ))
-        }
-        Err(unfinished) => {
-            if matches!(unfinished, Unfinished::TooLarge { .. }) {
-                tracing::warn!(
-                    limit = options.max_response_bytes,
-                    "response larger than max_response_bytes: sent, not stored"
-                );
-            }
-            hold.abandon().await;
-            Ok(Response::from_parts(
-                *head,
-                ResponseBody::unfinished(unfinished),
-            ))
-        }
-    }
-}
-
-/// Whether a response with `status` is stored for replay.
-fn should_store(status: StatusCode, options: &IdempotencyOptions) -> bool {
-    match status {
-        // Not processed: the client retries with the same key.
-        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => false,
-        status if status.is_server_error() => options.store_server_errors,
-        _ => true,
-    }
+    held::run(taken, inner, request).await
 }
 
 fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
@@ -210,89 +133,5 @@ where
                 Some(options.retry_after_secs()),
             ))
         }
-    }
-}
-
-/// The key, held with `token` while the handler runs. Dropped while armed (the
-/// handler panicked, or the response future was dropped), it frees the key in a task
-/// of its own; if even that cannot happen (the runtime is gone with the process), the
-/// lease frees it.
-struct Hold<'a, S: DedupStore + 'static> {
-    shared: &'a Arc<Shared<S>>,
-    scope: String,
-    token: FencingToken,
-    armed: bool,
-}
-
-impl<S: DedupStore + 'static> Hold<'_, S> {
-    async fn complete(&mut self, record: &[u8]) {
-        self.armed = false;
-        let options = &self.shared.options;
-        match self
-            .shared
-            .store
-            .complete(&self.scope, self.token, record, options.ttl)
-            .await
-        {
-            Ok(()) => {}
-            Err(Error::LeaseLost) => tracing::warn!(
-                lease = ?options.lease,
-                "the handler outlived its lease: its response was sent but not stored"
-            ),
-            // The key stays held until its lease ends; then a retry runs the handler.
-            Err(error) => tracing::warn!(%error, "storing the response for replay failed"),
-        }
-    }
-
-    async fn abandon(&mut self) {
-        self.armed = false;
-        match self.shared.store.abandon(&self.scope, self.token).await {
-            Ok(()) | Err(Error::LeaseLost) => {}
-            Err(error) => {
-                tracing::warn!(%error, "freeing the idempotency key failed; its lease will");
-            }
-        }
-    }
-}
-
-impl<S: DedupStore + 'static> Drop for Hold<'_, S> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let shared = Arc::clone(self.shared);
-        let scope = std::mem::take(&mut self.scope);
-        let token = self.token;
-        runtime.spawn(async move {
-            match shared.store.abandon(&scope, token).await {
-                Ok(()) | Err(Error::LeaseLost) => {}
-                Err(error) => tracing::warn!(%error, "freeing an abandoned idempotency key failed"),
-            }
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stores_what_was_processed() {
-        let options = IdempotencyOptions::new();
-        for stored in [200, 201, 204, 302, 400, 404, 409, 422] {
-            assert!(should_store(
-                StatusCode::from_u16(stored).unwrap(),
-                &options
-            ));
-        }
-        for not in [408, 429, 500, 502, 503] {
-            assert!(!should_store(StatusCode::from_u16(not).unwrap(), &options));
-        }
-        let options = options.store_server_errors(true);
-        assert!(should_store(StatusCode::INTERNAL_SERVER_ERROR, &options));
-        assert!(!should_store(StatusCode::TOO_MANY_REQUESTS, &options));
     }
 }

@@ -17,8 +17,10 @@ pin_project! {
     /// own future for requests the layer passes through, a ready answer for requests it
     /// refuses at once, and the idempotent flow (store, handler, store) otherwise.
     ///
-    /// Dropping it while the handler runs frees the key at once (the abandon is spawned
-    /// on the current tokio runtime), so a client that hung up can retry.
+    /// Once the request has taken its key, its handler runs on a task of its own and
+    /// this future waits for it: dropping it (the client hung up) does not stop the
+    /// handler, whose response is stored for the client's retry. See
+    /// [`hang_up_timeout`](crate::IdempotencyOptions::hang_up_timeout).
     pub struct ResponseFuture<F, B: Body, E> {
         #[pin]
         kind: Kind<F, B, E>,

@@ -12,6 +12,8 @@
 //! | first with its key | the handler runs once; its status, selected headers and body are stored for [`ttl`](IdempotencyOptions::ttl) (24 h) |
 //! | same key, same request, after completion | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
 //! | same key while the first is running | `409 Conflict` with `Retry-After` |
+//! | same key after the first one's client hung up | `409` while its handler runs on, then the stored response: the handler runs once |
+//! | same key after a response over [`max_response_bytes`](IdempotencyOptions::max_response_bytes) (4 MiB) | [`410 Gone`](problem#response-not-stored) naming the first status, replayed: the handler does not run again |
 //! | same key, another method, path or body | `422 Unprocessable Content` |
 //! | no key where [`required`](IdempotencyOptions::required) | `400 Bad Request` |
 //! | a key that is not 1..=255 visible ASCII characters | `400 Bad Request` |
@@ -91,25 +93,51 @@
 //! Every response but `5xx` (unless [`store_server_errors`](IdempotencyOptions::store_server_errors)),
 //! `408` and `429` is stored: the status, the headers on the
 //! [`replay_headers`](IdempotencyOptions::replay_headers) allow-list (default
-//! `content-type`), and the body byte for byte. A response whose body is over
+//! `content-type`), and the body byte for byte. The first response is sent as the
+//! handler made it, with all of its headers; replays carry the allowed headers and
+//! `Idempotent-Replayed: true`.
+//!
+//! A response whose body is over
 //! [`max_response_bytes`](IdempotencyOptions::max_response_bytes), or that has trailers,
-//! is sent but not stored. The first response is sent as the handler made it, with all of
-//! its headers; replays carry the allowed headers and `Idempotent-Replayed: true`.
+//! is sent whole to its request but cannot be stored. Its key does not go free (a retry
+//! would run the handler a second time): what is stored is a
+//! [`410 response-not-stored`](problem#response-not-stored) whose `original_status`
+//! member is the first response's status, replayed to every retry.
 //!
-//! # Crashes, panics, hang-ups
+//! # Hang-ups, crashes, panics
 //!
-//! A request holds its key with a [`lease`](IdempotencyOptions::lease) (default 30 s)
-//! while its handler runs. An error of the inner service, a `5xx` that is not stored, and
-//! a response future dropped before the end (the client hung up, the handler panicked)
-//! free the key at once. A process that dies holding keys frees them when their leases
-//! end. Meanwhile retries get `409`.
+//! A request holds its key with a [`lease`](IdempotencyOptions::lease) (default 30 s),
+//! renewed while its handler runs. Once the key is taken, the handler runs on a tokio
+//! task of its own (`tokio::spawn`, with the request's tracing span), so **a client that
+//! hangs up stops nothing**: the server drops the response future, the handler runs to
+//! its end, and its response is stored as if the client were still there. The client's
+//! retry gets `409` while the handler runs, then the stored response, and the handler
+//! has run once. A handler still running
+//! [`hang_up_timeout`](IdempotencyOptions::hang_up_timeout) (default 60 s) after its
+//! client hung up is stopped (its future dropped), and only then is its key settled as
+//! for a handler that answered `504`: freed, or kept as a
+//! [`handler-timeout`](problem#handler-timeout) where `5xx` are stored. A key is never
+//! freed while its handler may still run. A client that stays is never cut off by the
+//! timeout.
+//!
+//! An error of the inner service, and a `5xx` that is not stored, free the key at once
+//! (the handler has ended). A handler that panics frees its key, and the panic goes on to
+//! the server as it would without the layer. A process that dies holding keys frees them
+//! when their leases end. Meanwhile retries get `409`.
 //!
 //! **What this does not promise:** like every idempotent receiver whose store is not the
 //! handler's database, a handler whose effect happened but whose process died before the
-//! response was stored will run again on a retry after the lease; and a handler running
-//! longer than its lease loses its key (its response is sent, not stored), so size the
-//! lease above your slowest handler. Where the effect is a database write, record the key
-//! in the same transaction as well (the transactional inbox does).
+//! response was stored will run again on a retry after the lease; so will a handler
+//! stopped by `hang_up_timeout` after part of its effect, where `5xx` are not stored.
+//! Tasks the handler spawned itself are not stopped with it. A handler whose lease
+//! cannot be kept (the store unreachable for a whole lease) is stopped and answered
+//! `503`. Where the effect is a database write, record the key in the same transaction
+//! as well (the transactional inbox does).
+//!
+//! The inner service must be `Clone + Send + 'static`, with a `Send + 'static` future,
+//! error and response body, for its call to move to the task; axum's routers and
+//! handlers are. Each request takes the clone that was polled ready, as tower services
+//! do.
 //!
 //! # Features
 //!
@@ -128,6 +156,7 @@ mod future;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
+mod held;
 mod key;
 mod layer;
 mod options;

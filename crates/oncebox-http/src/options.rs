@@ -35,6 +35,7 @@ pub struct IdempotencyOptions {
     pub(crate) required: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) lease: Duration,
+    pub(crate) hang_up_timeout: Duration,
     pub(crate) ttl: Duration,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_response_bytes: usize,
@@ -58,6 +59,7 @@ impl IdempotencyOptions {
             required: false,
             methods: vec![Method::POST, Method::PATCH],
             lease: Duration::from_secs(30),
+            hang_up_timeout: Duration::from_secs(60),
             ttl: Duration::from_secs(24 * 3600),
             max_body_bytes: 1024 * 1024,
             max_response_bytes: 4 * 1024 * 1024,
@@ -90,13 +92,30 @@ impl IdempotencyOptions {
     }
 
     /// The lease on a request's key, renewed every third of it while the handler runs
-    /// (so a slow handler keeps its key, and retries meanwhile get `409`). A request whose
-    /// handler panicked, whose future was dropped, or whose process died frees its key
+    /// and its response is read (so a slow handler keeps its key, and retries meanwhile
+    /// get `409`). A request whose handler panicked, or whose process died, frees its key
     /// when the lease ends at the latest. A handler whose lease cannot be renewed (the
     /// store unreachable for a whole lease) is stopped before the lease ends and
     /// answered `503`, so two requests with one key never run at once. Default: 30 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// How long a handler whose client hung up may still run. Once a request has taken
+    /// its key, its handler runs on a task of its own: a client that hangs up (the server
+    /// drops the response future) stops nothing, the handler runs to its end and its
+    /// response is stored, so the client's retry gets it (or `409` while it runs), and
+    /// the handler has run once. A handler still running this long after the hang-up is
+    /// stopped (its future dropped), and only then is its key settled as for a handler
+    /// that answered `504`: freed, or, with
+    /// [`store_server_errors`](Self::store_server_errors), a
+    /// [`handler-timeout`](crate::problem#handler-timeout) stored for replay. A stopped
+    /// handler may have had part of its effect, so set this above your slowest
+    /// handler. It counts from the hang-up: a client that waits is never cut off by it.
+    /// Default: 60 s.
+    pub fn hang_up_timeout(mut self, timeout: Duration) -> Self {
+        self.hang_up_timeout = timeout;
         self
     }
 
@@ -113,9 +132,12 @@ impl IdempotencyOptions {
         self
     }
 
-    /// The largest response body stored for replay. A larger response is sent as it is
-    /// and not stored (the key is freed, so a retry runs the handler again). Default:
-    /// 4 MiB.
+    /// The largest response body stored for replay. A larger response is sent whole to
+    /// its request (which reads it as it streams, past the first `limit` bytes), and is
+    /// not stored; what is stored for the key is a
+    /// [`410 response-not-stored`](crate::problem#response-not-stored) naming the first
+    /// response's status, so a retry learns that the request was processed and the
+    /// handler does not run again. Default: 4 MiB.
     pub fn max_response_bytes(mut self, limit: usize) -> Self {
         self.max_response_bytes = limit;
         self
@@ -165,12 +187,18 @@ impl IdempotencyOptions {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a zero lease or TTL, a zero body limit, or a
-    /// hop-by-hop header (`connection`, `transfer-encoding`, ...) among the replayed ones.
+    /// [`Error::InvalidOptions`] for a zero lease, hang-up timeout or TTL, a zero body
+    /// limit, or a hop-by-hop header (`connection`, `transfer-encoding`, ...) among the
+    /// replayed ones.
     pub fn validate(&self) -> Result<()> {
         if self.lease.is_zero() {
             return Err(Error::InvalidOptions(
                 "lease must be longer than zero".into(),
+            ));
+        }
+        if self.hang_up_timeout.is_zero() {
+            return Err(Error::InvalidOptions(
+                "hang_up_timeout must be longer than zero".into(),
             ));
         }
         if self.ttl.is_zero() {
@@ -242,6 +270,7 @@ mod tests {
     fn refuses_bad_options() {
         for bad in [
             IdempotencyOptions::new().lease(Duration::ZERO),
+            IdempotencyOptions::new().hang_up_timeout(Duration::ZERO),
             IdempotencyOptions::new().ttl(Duration::ZERO),
             IdempotencyOptions::new().max_body_bytes(0),
             IdempotencyOptions::new().replay_header(header::TRANSFER_ENCODING),

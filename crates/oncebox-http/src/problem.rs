@@ -56,6 +56,26 @@
 //! live keys as it may and refuses new ones until the oldest expire (the `Retry-After`
 //! is the store's estimate, in whole seconds, at least 1). The handler did not run.
 //! Retry with the same key.
+//!
+//! # response-not-stored
+//!
+//! `410 Gone`, replayed (`Idempotent-Replayed: true`): the request with this key was
+//! processed, but its response could not be kept for replay: its body was larger than
+//! [`max_response_bytes`](crate::IdempotencyOptions::max_response_bytes), or it had
+//! trailers. It was sent once, to the first request (which may have hung up). The member
+//! `original_status` holds the status it was sent with. The handler does not run again
+//! for this key; a request with a new key would run it again, so find out what the
+//! first request did some other way (a `GET` of the resource it made) before sending one.
+//!
+//! # handler-timeout
+//!
+//! `504 Gateway Timeout`: the client hung up, and the handler was still running
+//! [`hang_up_timeout`](crate::IdempotencyOptions::hang_up_timeout) later, so it was
+//! stopped, perhaps after part of its effect. Nobody receives this answer when it is made;
+//! it is what a retry gets replayed where
+//! [`store_server_errors`](crate::IdempotencyOptions::store_server_errors) is set. Without
+//! that setting (the default) the key is freed once the handler is stopped, as for any
+//! `5xx`, and a retry runs the handler again.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -94,6 +114,10 @@ pub const BODY_TOO_LARGE: &str = problem_type!("body-too-large");
 pub const STORE_UNAVAILABLE: &str = problem_type!("store-unavailable");
 /// `type` of [`store-at-capacity`](self#store-at-capacity).
 pub const STORE_AT_CAPACITY: &str = problem_type!("store-at-capacity");
+/// `type` of [`response-not-stored`](self#response-not-stored).
+pub const RESPONSE_NOT_STORED: &str = problem_type!("response-not-stored");
+/// `type` of [`handler-timeout`](self#handler-timeout).
+pub const HANDLER_TIMEOUT: &str = problem_type!("handler-timeout");
 
 /// One of the layer's problems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +131,8 @@ pub(crate) enum Problem {
     BodyTooLarge,
     StoreUnavailable,
     StoreAtCapacity,
+    ResponseNotStored,
+    HandlerTimeout,
 }
 
 impl Problem {
@@ -121,10 +147,12 @@ impl Problem {
             Self::BodyTooLarge => BODY_TOO_LARGE,
             Self::StoreUnavailable => STORE_UNAVAILABLE,
             Self::StoreAtCapacity => STORE_AT_CAPACITY,
+            Self::ResponseNotStored => RESPONSE_NOT_STORED,
+            Self::HandlerTimeout => HANDLER_TIMEOUT,
         }
     }
 
-    fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Self::KeyMissing | Self::KeyInvalid | Self::PrincipalMissing | Self::BodyUnreadable => {
                 StatusCode::BAD_REQUEST
@@ -133,6 +161,8 @@ impl Problem {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::StoreUnavailable | Self::StoreAtCapacity => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ResponseNotStored => StatusCode::GONE,
+            Self::HandlerTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -147,7 +177,25 @@ impl Problem {
             Self::BodyTooLarge => "Request body too large",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::StoreAtCapacity => "Idempotency store at capacity",
+            Self::ResponseNotStored => "Response not stored",
+            Self::HandlerTimeout => "Handler stopped after the client hung up",
         }
+    }
+
+    /// The JSON body: `type`, `title`, `status`, `detail`, then `members`.
+    pub(crate) fn body(self, detail: &str, members: &[(&str, serde_json::Value)]) -> Bytes {
+        let mut body = serde_json::json!({
+            "type": self.type_uri(),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": detail,
+        });
+        if let Some(object) = body.as_object_mut() {
+            for (name, value) in members {
+                object.insert((*name).to_owned(), value.clone());
+            }
+        }
+        Bytes::from(body.to_string())
     }
 
     /// The response, with `Retry-After: retry_after` when given.
@@ -157,13 +205,7 @@ impl Problem {
         retry_after: Option<u64>,
     ) -> Response<ResponseBody<B>> {
         let status = self.status();
-        let body = serde_json::json!({
-            "type": self.type_uri(),
-            "title": self.title(),
-            "status": status.as_u16(),
-            "detail": detail,
-        });
-        let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+        let mut response = Response::new(ResponseBody::full(self.body(detail, &[])));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
@@ -192,6 +234,8 @@ mod tests {
             Problem::BodyTooLarge,
             Problem::StoreUnavailable,
             Problem::StoreAtCapacity,
+            Problem::ResponseNotStored,
+            Problem::HandlerTimeout,
         ] {
             assert!(
                 problem

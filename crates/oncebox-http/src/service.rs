@@ -24,12 +24,16 @@ use crate::problem::Problem;
 /// The Idempotency-Key middleware around the service `Svc`; made by
 /// [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///
-/// Protocol outcomes (`400`, `409`, `413`, `422`, `503`) are responses; errors of the
+/// Protocol outcomes (`400`, `409`, `410`, `413`, `422`, `503`, `504`) are responses; errors of the
 /// inner service pass through unchanged (and free the key). Requests of other methods,
 /// and requests without a key where none is required, go to the inner service untouched
 /// but for the body type ([`RequestBody`] wraps it without reading it).
 ///
-/// Bodies must be `Unpin` with `Bytes` as data, as hyper's and axum's are.
+/// For a request that takes a key, the inner service's call runs on a tokio task of its
+/// own, so that a client that hangs up does not stop a handler midway (see
+/// [`hang_up_timeout`](crate::IdempotencyOptions::hang_up_timeout)); hence the
+/// `Clone + Send + 'static` bounds. Bodies must be `Unpin` with `Bytes` as data, as
+/// hyper's and axum's are.
 pub struct Idempotency<Svc, S, P> {
     inner: Svc,
     shared: Arc<Shared<S>>,

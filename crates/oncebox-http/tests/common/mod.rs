@@ -6,6 +6,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod hang_up;
+
 use std::any::Any;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -688,6 +690,14 @@ macro_rules! scenarios {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn dead_process_frees_key_when_lease_ends() {
             common::dead_process_frees_key_when_lease_ends($fresh).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_client_that_hangs_up_gets_the_one_response_on_retry() {
+            common::hang_up::a_client_that_hangs_up_gets_the_one_response_on_retry($fresh).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_response_over_the_limit_is_not_run_again() {
+            common::hang_up::a_response_over_the_limit_is_not_run_again($fresh).await;
         }
     };
 }

@@ -1,0 +1,395 @@
+//! A request once its key is taken: the handler runs on a task of its own, so that a
+//! client that hangs up (the server drops the response future) stops nothing. The
+//! handler runs to its end, its response is stored, and the key is settled, for at most
+//! [`hang_up_timeout`](crate::IdempotencyOptions::hang_up_timeout) after the hang-up;
+//! past it the handler is stopped first, and only then is its key settled as for a
+//! handler that failed.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::response::Parts as Head;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use oncebox_core::Error;
+use oncebox_core::consumer::keep_lease;
+use oncebox_core::store::{DedupStore, FencingToken};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tower_service::Service;
+use tracing::Instrument;
+
+use crate::body::{Collected, RequestBody, ResponseBody, Unfinished, collect_limited};
+use crate::fingerprint::Fingerprint;
+use crate::layer::Shared;
+use crate::options::IdempotencyOptions;
+use crate::problem::Problem;
+use crate::record::StoredResponse;
+
+pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// A key this request took, and what settling it needs.
+pub(crate) struct Taken<S> {
+    pub(crate) shared: Arc<Shared<S>>,
+    pub(crate) scope: String,
+    pub(crate) token: FencingToken,
+    pub(crate) taken_at: Instant,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+/// Runs the handler for a taken key on a task of its own and waits for its answer.
+/// Dropping this future (the client hung up) leaves the task running: it stores the
+/// response as it would have, or stops the handler `hang_up_timeout` later.
+pub(crate) async fn run<Svc, S, ReqB, ResB>(
+    taken: Taken<S>,
+    inner: Svc,
+    request: Request<RequestBody<ReqB>>,
+) -> Answer<ResB, Svc::Error>
+where
+    Svc: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    Svc::Future: Send + 'static,
+    Svc::Error: Send + 'static,
+    S: DedupStore + 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Send,
+{
+    let retry_after = taken.shared.options.retry_after_secs();
+    // Dropped with this future: then the task knows that nobody waits for its answer.
+    let (_waiting, hung_up) = oneshot::channel::<()>();
+    let task =
+        tokio::spawn(settle(taken, inner, request, hung_up).instrument(tracing::Span::current()));
+    match task.await {
+        Ok(answer) => answer,
+        // The handler panicked: the panic goes on to the caller, as it would have without
+        // the task (the key was freed when the task dropped it).
+        Err(error) => match error.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Ok(Problem::StoreUnavailable.response(
+                "the server stopped while the request ran; retry with the same key",
+                Some(retry_after),
+            )),
+        },
+    }
+}
+
+/// What the handler left, read as far as the layer reads it.
+enum Handled<B: Body, E> {
+    /// The inner service failed.
+    Failed(E),
+    /// A status that is not stored (`5xx`, `408`, `429`): the body untouched.
+    Unstored(Response<B>),
+    /// A response read whole: stored.
+    Whole(Box<Head>, Collected),
+    /// A response the layer cannot store (over `max_response_bytes`, or with trailers):
+    /// `why` says which.
+    Unkept {
+        head: Box<Head>,
+        body: ResponseBody<B>,
+        why: String,
+    },
+    /// The response body failed while it was read.
+    BodyFailed(Box<Head>, ResponseBody<B>),
+}
+
+/// The task: the handler under the key's lease, its response read, the key settled.
+async fn settle<Svc, S, ReqB, ResB>(
+    taken: Taken<S>,
+    mut inner: Svc,
+    request: Request<RequestBody<ReqB>>,
+    hung_up: oneshot::Receiver<()>,
+) -> Answer<ResB, Svc::Error>
+where
+    Svc: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    S: DedupStore + 'static,
+    ResB: Body<Data = Bytes> + Unpin,
+{
+    let Taken {
+        shared,
+        scope,
+        token,
+        taken_at,
+        fingerprint,
+    } = taken;
+    let mut hold = Hold {
+        shared: Arc::clone(&shared),
+        scope,
+        token,
+        armed: true,
+    };
+    let options = &shared.options;
+    let work = async {
+        let response = match inner.call(request).await {
+            Ok(response) => response,
+            Err(error) => return Ok::<_, Error>(Handled::Failed(error)),
+        };
+        Ok(read::<_, Svc::Error>(response, options).await)
+    };
+    // The key's lease is kept alive while the handler runs and its body is read: a retry
+    // meanwhile gets 409, however long it takes. A handler whose lease cannot be kept
+    // (the store unreachable for a whole lease) is stopped before another request could
+    // take the key.
+    let kept = keep_lease(
+        &shared.store,
+        &hold.scope,
+        token,
+        options.lease,
+        taken_at,
+        work,
+    );
+    let handled = match unless_abandoned(kept, hung_up, options.hang_up_timeout).await {
+        Some(Ok(handled)) => handled,
+        Some(Err(lost)) => {
+            tracing::warn!(%lost, "the idempotency key's lease could not be kept; the handler was stopped");
+            hold.armed = false;
+            return Ok(Problem::StoreUnavailable.response(
+                "the idempotency key could not be kept while the request ran; retry later",
+                Some(options.retry_after_secs()),
+            ));
+        }
+        None => return Ok(stopped(&mut hold, &fingerprint).await),
+    };
+    match handled {
+        Handled::Failed(error) => {
+            hold.abandon().await;
+            Err(error)
+        }
+        Handled::Unstored(response) => {
+            hold.abandon().await;
+            Ok(response.map(ResponseBody::inner))
+        }
+        Handled::Whole(head, collected) => {
+            let record = StoredResponse::encode(
+                &fingerprint,
+                head.status,
+                &head.headers,
+                &options.replay_headers,
+                &collected.data,
+            );
+            hold.complete(&record).await;
+            Ok(Response::from_parts(
+                *head,
+                ResponseBody::collected(collected),
+            ))
+        }
+        Handled::Unkept { head, body, why } => {
+            let detail = format!(
+                "this request was processed and answered {}, but its response {why}, so it \
+                 was sent once and cannot be sent again; sending the request with a new key \
+                 would process it again",
+                head.status
+            );
+            let problem = Problem::ResponseNotStored;
+            let original = ("original_status", head.status.as_u16().into());
+            let record = problem_record(&fingerprint, problem, &detail, &[original]);
+            hold.complete(&record).await;
+            Ok(Response::from_parts(*head, body))
+        }
+        Handled::BodyFailed(head, body) => {
+            hold.abandon().await;
+            Ok(Response::from_parts(*head, body))
+        }
+    }
+}
+
+/// Reads a response as far as storing it needs: the body of a status that is stored, up
+/// to `max_response_bytes`.
+async fn read<B, E>(response: Response<B>, options: &IdempotencyOptions) -> Handled<B, E>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    if !should_store(response.status(), options) {
+        return Handled::Unstored(response);
+    }
+    let (head, body) = response.into_parts();
+    // Boxed: the future stays small (no large moves) while the body is read.
+    let head = Box::new(head);
+    match collect_limited(body, options.max_response_bytes).await {
+        Ok(collected) if collected.trailers.is_none() => Handled::Whole(head, collected),
+        Ok(with_trailers) => {
+            tracing::warn!("response has trailers, which are not replayed: not stored");
+            Handled::Unkept {
+                head,
+                body: ResponseBody::collected(with_trailers),
+                why: "had trailers, which are not kept for replay".to_owned(),
+            }
+        }
+        Err(too_large @ Unfinished::TooLarge { .. }) => {
+            tracing::warn!(
+                limit = options.max_response_bytes,
+                "response larger than max_response_bytes: sent, not stored"
+            );
+            Handled::Unkept {
+                head,
+                body: ResponseBody::unfinished(too_large),
+                why: format!(
+                    "was larger than the {} bytes kept for replay",
+                    options.max_response_bytes
+                ),
+            }
+        }
+        Err(failed) => Handled::BodyFailed(head, ResponseBody::unfinished(failed)),
+    }
+}
+
+/// Whether a response with `status` is stored for replay.
+fn should_store(status: StatusCode, options: &IdempotencyOptions) -> bool {
+    match status {
+        // Not processed: the client retries with the same key.
+        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => false,
+        status if status.is_server_error() => options.store_server_errors,
+        _ => true,
+    }
+}
+
+/// The handler was stopped at `hang_up_timeout` (it no longer runs): its key is settled
+/// as for a handler that answered `504`: stored with `store_server_errors`, else freed.
+async fn stopped<B: Body, S: DedupStore + 'static>(
+    hold: &mut Hold<S>,
+    fingerprint: &Fingerprint,
+) -> Response<ResponseBody<B>> {
+    let options = &hold.shared.options;
+    tracing::warn!(
+        timeout = ?options.hang_up_timeout,
+        "the handler still ran hang_up_timeout after its client hung up: stopped"
+    );
+    let detail = format!(
+        "the client hung up and the handler still ran {} ms later, so it was stopped; it          may have had part of its effect",
+        options.hang_up_timeout.as_millis()
+    );
+    let problem = Problem::HandlerTimeout;
+    if should_store(problem.status(), options) {
+        let record = problem_record(fingerprint, problem, &detail, &[]);
+        hold.complete(&record).await;
+    } else {
+        hold.abandon().await;
+    }
+    problem.response(&detail, None)
+}
+
+/// The record of the layer's own `problem`, stored for replay as a response would be.
+fn problem_record(
+    fingerprint: &Fingerprint,
+    problem: Problem,
+    detail: &str,
+    members: &[(&str, serde_json::Value)],
+) -> Bytes {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::problem::CONTENT_TYPE),
+    );
+    StoredResponse::encode(
+        fingerprint,
+        problem.status(),
+        &headers,
+        &[header::CONTENT_TYPE],
+        &problem.body(detail, members),
+    )
+}
+
+/// `work`'s output, or `None` if it still ran `timeout` after its client hung up (it
+/// is then dropped, which stops it).
+async fn unless_abandoned<T>(
+    work: impl Future<Output = T>,
+    hung_up: oneshot::Receiver<()>,
+    timeout: Duration,
+) -> Option<T> {
+    let expired = async move {
+        // Never sent: it ends when the sender is dropped.
+        let _ = hung_up.await;
+        tokio::time::sleep(timeout).await;
+    };
+    tokio::select! {
+        biased;
+        done = work => Some(done),
+        () = expired => None,
+    }
+}
+
+/// The key, held with `token` while the handler runs. Dropped while armed (the
+/// handler panicked, or the runtime shut down), it frees the key in a task of its own;
+/// if even that cannot happen (the runtime is gone with the process), the lease frees
+/// it.
+struct Hold<S: DedupStore + 'static> {
+    shared: Arc<Shared<S>>,
+    scope: String,
+    token: FencingToken,
+    armed: bool,
+}
+
+impl<S: DedupStore + 'static> Hold<S> {
+    async fn complete(&mut self, record: &[u8]) {
+        self.armed = false;
+        let options = &self.shared.options;
+        match self
+            .shared
+            .store
+            .complete(&self.scope, self.token, record, options.ttl)
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::LeaseLost) => tracing::warn!(
+                lease = ?options.lease,
+                "the handler outlived its lease: its response was sent but not stored"
+            ),
+            // The key stays held until its lease ends; then a retry runs the handler.
+            Err(error) => tracing::warn!(%error, "storing the response for replay failed"),
+        }
+    }
+
+    async fn abandon(&mut self) {
+        self.armed = false;
+        match self.shared.store.abandon(&self.scope, self.token).await {
+            Ok(()) | Err(Error::LeaseLost) => {}
+            Err(error) => {
+                tracing::warn!(%error, "freeing the idempotency key failed; its lease will");
+            }
+        }
+    }
+}
+
+impl<S: DedupStore + 'static> Drop for Hold<S> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let scope = std::mem::take(&mut self.scope);
+        let token = self.token;
+        runtime.spawn(async move {
+            match shared.store.abandon(&scope, token).await {
+                Ok(()) | Err(Error::LeaseLost) => {}
+                Err(error) => tracing::warn!(%error, "freeing an abandoned idempotency key failed"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_what_was_processed() {
+        let options = IdempotencyOptions::new();
+        for stored in [200, 201, 204, 302, 400, 404, 409, 422] {
+            assert!(should_store(
+                StatusCode::from_u16(stored).unwrap(),
+                &options
+            ));
+        }
+        for not in [408, 429, 500, 502, 503, 504] {
+            assert!(!should_store(StatusCode::from_u16(not).unwrap(), &options));
+        }
+        let options = options.store_server_errors(true);
+        assert!(should_store(StatusCode::INTERNAL_SERVER_ERROR, &options));
+        assert!(should_store(StatusCode::GATEWAY_TIMEOUT, &options));
+        assert!(!should_store(StatusCode::TOO_MANY_REQUESTS, &options));
+    }
+}
