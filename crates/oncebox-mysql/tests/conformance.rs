@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
@@ -73,6 +75,29 @@ impl OutboxHarness for MySqlHarness {
             .map_err(Error::store_transient)?;
         let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
         tx.commit().await.map_err(Error::store_transient)?;
+        Ok(cancelled)
+    }
+
+    async fn cancel_kept_open(
+        &self,
+        id: MessageId,
+        open_for: Duration,
+        commit: bool,
+    ) -> Result<bool> {
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
+        tokio::time::sleep(open_for).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
         Ok(cancelled)
     }
 

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
@@ -104,6 +106,29 @@ impl OutboxHarness for PgHarness {
             .map_err(Error::store_transient)?;
         let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
         tx.commit().await.map_err(Error::store_transient)?;
+        Ok(cancelled)
+    }
+
+    async fn cancel_kept_open(
+        &self,
+        id: MessageId,
+        open_for: Duration,
+        commit: bool,
+    ) -> Result<bool> {
+        let mut tx = self
+            .db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
+        tokio::time::sleep(open_for).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
         Ok(cancelled)
     }
 
@@ -245,6 +270,15 @@ impl OutboxHarness for LeasedHarness {
 
     async fn cancel(&self, id: MessageId) -> Result<bool> {
         OutboxHarness::cancel(&self.0, id).await
+    }
+
+    async fn cancel_kept_open(
+        &self,
+        id: MessageId,
+        open_for: Duration,
+        commit: bool,
+    ) -> Result<bool> {
+        OutboxHarness::cancel_kept_open(&self.0, id, open_for, commit).await
     }
 
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {

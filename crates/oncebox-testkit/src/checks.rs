@@ -60,6 +60,7 @@ macro_rules! outbox_checks {
             batch_refusal_writes_nothing,
             scheduled_messages_wait_for_their_time,
             cancel_never_takes_a_claimed_message,
+            cancel_in_an_open_transaction_holds,
         );
     };
 }

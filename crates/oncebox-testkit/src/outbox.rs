@@ -39,6 +39,7 @@
 //! | [`rows_listed_newest_first_filtered_and_paged`] | [`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows) lists newest first; each filter alone and combined selects what it says; pages by position list every match once |
 //! | [`scheduled_messages_wait_for_their_time`] | under a relay, a message scheduled 2 s ahead goes out after 2 s and not before; a due message behind a scheduled one of its key waits for it; a cancelled one never goes out; stats count scheduled apart from pending |
 //! | [`cancel_never_takes_a_claimed_message`] | a cancel of a message a relay has claimed finds nothing to cancel, and the message ends published |
+//! | [`cancel_in_an_open_transaction_holds`] | a cancel whose transaction stays open while a relay claims: committed, the message is never published and its key's next one goes out after the commit; rolled back, the message goes out after the rollback, before its key's next one |
 //! | [`batch_commits_with_the_business_row`] | a batch of 1,000 messages commits with the business row and is published once each, with its ids, in slice order per key, between the key's one-by-one messages before and after it |
 //! | [`batch_rolls_back_with_the_business_row`] | a batch of 1,000 rolled back with the business row leaves no row; enqueued again and committed, its rows are in slice order |
 //! | [`batch_refusal_writes_nothing`] | a duplicate id (in the table or twice in the batch) and an invalid message in the middle refuse the whole batch with the typed error naming it, write nothing of it and leave the transaction usable; an empty batch does nothing |
@@ -79,7 +80,8 @@ pub use relay::{
     slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
 };
 pub use scheduling::{
-    cancel_never_takes_a_claimed_message, scheduled_messages_wait_for_their_time,
+    cancel_in_an_open_transaction_holds, cancel_never_takes_a_claimed_message,
+    scheduled_messages_wait_for_their_time,
 };
 pub use settling::{
     bad_input_is_a_typed_error, dead_stores_reason_and_unblocks,
@@ -159,6 +161,21 @@ pub trait OutboxHarness: Send + Sync {
     ///
     /// A store error.
     fn cancel(&self, id: MessageId) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Cancels message `id` with the store's `cancel` in a transaction of its own, as an
+    /// application would beside its business writes, keeps that transaction open for
+    /// `open_for` once the cancel has returned, then commits it if `commit`, else rolls
+    /// it back; whether the cancel returned `true`.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn cancel_kept_open(
+        &self,
+        id: MessageId,
+        open_for: Duration,
+        commit: bool,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// The limits the store enforces at enqueue. Default: [`Limits::new`].
     fn limits(&self) -> Limits {

@@ -109,6 +109,28 @@ impl OutboxHarness for SqliteHarness {
         Ok(cancelled)
     }
 
+    async fn cancel_kept_open(
+        &self,
+        id: MessageId,
+        open_for: std::time::Duration,
+        commit: bool,
+    ) -> Result<bool> {
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::store_transient)?;
+        let cancelled = self.store.outbox().cancel(&mut tx, id).await?;
+        tokio::time::sleep(open_for).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        Ok(cancelled)
+    }
+
     async fn enqueue(&self, messages: &[Message]) -> Result<()> {
         self.enqueue_all(messages, true).await
     }

@@ -192,3 +192,118 @@ pub async fn cancel_never_takes_a_claimed_message<H: OutboxHarness>(harness: &H)
         0,
     );
 }
+
+/// How long after its enqueue the message cancelled in an open transaction is due: long
+/// enough for the cancel to come first, on a loaded machine.
+const DUE_IN: Duration = Duration::from_secs(1);
+
+/// How long the cancel's transaction stays open once the cancel has returned: the
+/// message is due for most of it, under a relay claiming all along.
+const KEPT_OPEN: Duration = Duration::from_millis(2500);
+
+/// A cancel is kept while its caller's transaction stays open, whatever a relay claims
+/// meanwhile. Twice, each time under a running relay: a message of key `c` due in 1 s,
+/// and the key's next message, due at once, behind it, and the first cancelled in a
+/// transaction kept open for 2.5 s (past its due time, the relay claiming all along):
+///
+/// - committed: the cancel returned `true`, and the message is never published; the
+///   key's next one goes out once the cancel committed, not before (had the caller
+///   rolled back, it would have gone out first);
+/// - rolled back: the cancel returned `true`, and the message goes out once the
+///   transaction ended, before its key's next one.
+pub async fn cancel_in_an_open_transaction_holds<H: OutboxHarness>(harness: &H) {
+    let broker = MemoryBroker::new();
+    let publisher = FailingPublisher::new(broker.publisher());
+    let relay = ok(
+        "relay",
+        Relay::new(
+            harness.store(),
+            publisher.clone(),
+            relay_options("cancel-kept-open"),
+        ),
+    );
+    for commit in [true, false] {
+        let end = if commit { "committed" } else { "rolled back" };
+        let key = if commit { "c" } else { "r" };
+        let cancelled = message(Some(key), &format!("cancelled, then {end}"));
+        let behind = message(Some(key), &format!("behind the one {end}"));
+        let enqueued = harness.enqueue_scheduled(&cancelled, Schedule::After(DUE_IN));
+        ok(
+            "enqueue the message to cancel",
+            within("enqueue_scheduled", STEP, enqueued).await,
+        );
+        ok(
+            "enqueue the key's next message",
+            harness.enqueue(std::slice::from_ref(&behind)).await,
+        );
+        let start = Instant::now();
+        let ended = std::sync::atomic::AtomicBool::new(false);
+        let cancel = async {
+            let cancelled = harness.cancel_kept_open(cancelled.id, KEPT_OPEN, commit);
+            let cancelled = within("cancel_kept_open", KEPT_OPEN + STEP, cancelled).await;
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            ok("cancel in a transaction kept open", cancelled)
+        };
+        let expected = if commit {
+            vec![&behind]
+        } else {
+            vec![&cancelled, &behind]
+        };
+        let relays = run_relays_until(
+            "relay while the cancel's transaction is open, and after",
+            std::slice::from_ref(&relay),
+            KEPT_OPEN + STEP,
+            || {
+                let published = broker.published(TOPIC);
+                ended.load(std::sync::atomic::Ordering::SeqCst)
+                    && expected
+                        .iter()
+                        .all(|m| published.iter().any(|p| p.id == m.id))
+            },
+        );
+        let (took_back, ()) = tokio::join!(cancel, relays);
+        assert!(
+            took_back,
+            "the cancel of {}, not due before {DUE_IN:?}, found nothing to cancel",
+            label(&cancelled)
+        );
+
+        let published: Vec<String> = broker
+            .published(TOPIC)
+            .iter()
+            .filter(|p| p.key.as_deref() == Some(key))
+            .map(label)
+            .collect();
+        let first_publish = |m: &Message| {
+            publisher
+                .attempts_of(m.id)
+                .first()
+                .map(|at| at.duration_since(start))
+        };
+        if commit {
+            assert_eq!(
+                published,
+                [label(&behind)],
+                "a message cancelled in a transaction that then committed was published \
+                 (first attempt {:?} after the cancel began; the transaction was open for \
+                 {KEPT_OPEN:?} after the cancel returned true)",
+                first_publish(&cancelled)
+            );
+        } else {
+            assert_eq!(
+                published,
+                [label(&cancelled), label(&behind)],
+                "a cancel rolled back leaves the message to go out as normal, before its \
+                 key's next one"
+            );
+        }
+        let first = expected[0];
+        let at = first_publish(first).unwrap_or_default();
+        assert!(
+            at >= KEPT_OPEN,
+            "{} went out {at:?} after the cancel began, while the cancel's transaction was \
+             still open ({KEPT_OPEN:?} at least)",
+            label(first)
+        );
+    }
+}
