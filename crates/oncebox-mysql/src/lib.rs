@@ -127,13 +127,20 @@
 //! its commit: the claims of a table run one at a time and each sees every earlier
 //! claim's leases. Claims are short, so relays queue on the lock briefly and only to
 //! claim; publishing and settling run without it. Under the lock, a pending row that no
-//! live claim holds changes only by a claim, or by a replay (which takes the lock too):
-//! settlements and the durable inbox's completions touch only rows their claim holds.
-//! So step 1 (below) takes the rows it picks as its one read found them. Step 2, whose
-//! candidates come from several reads, locks them `FOR UPDATE SKIP LOCKED` (MariaDB
-//! 10.6+, MySQL 8.0.1+) with the claim's conditions checked again, and a key keeps only
-//! its rows before its first row that could not be locked or no longer qualifies: a
-//! second layer that keeps each key's claimed rows a prefix.
+//! live claim holds changes only by a claim, by a replay (which takes the lock too), or
+//! by a [`cancel`](MySqlOutbox::cancel), which deletes it in its caller's transaction,
+//! without the lock: settlements and the durable inbox's completions touch only rows
+//! their claim holds. So step 1 (below) takes the rows it picks as its one read found
+//! them, and locks them `FOR UPDATE SKIP LOCKED` (MariaDB 10.6+, MySQL 8.0.1+) in the
+//! request that records the claim and commits: the claim is recorded only if every one
+//! of them could be locked still pending. A row that a cancel's transaction, still open,
+//! holds (or that a cancel deleted since the read) leaves the claim unrecorded, and the
+//! claim is made again, locking step 1's rows before taking them, as step 2 does: that
+//! claim passes over the row and the rest of its key, and a cancel that returned `true`
+//! is never undone by a claim. Step 2, whose candidates come from several reads, locks
+//! them `FOR UPDATE SKIP LOCKED` with the claim's conditions checked again, and a key
+//! keeps only its rows before its first row that could not be locked or no longer
+//! qualifies: a second layer that keeps each key's claimed rows a prefix.
 //!
 //! **The claim rule** is the other backends': a row is claimable if it is due, not
 //! under a live lease, and every earlier pending row of its key is claimable in the same
@@ -182,7 +189,10 @@
 //!    locks and reads them in full (`WHERE seq IN (...) ... FOR UPDATE SKIP LOCKED`),
 //!    and cuts them to per-key prefixes.
 //! 3. The rows taken are recorded as the claim's row in `oncebox_claims`, with the
-//!    lease's end on the database's clock. Step 2 is what keeps claims finding
+//!    lease's end on the database's clock, if step 1's rows, locked in the same request
+//!    (`SELECT COUNT(*) ... WHERE seq IN (...) FOR UPDATE SKIP LOCKED`), are all still
+//!    pending and free: a primary-key read of rows the window has just read, and their
+//!    row locks until the commit that follows, no round trip more. Step 2 is what keeps claims finding
 //!    work when a few keys hold a large backlog that other relays hold, or that waits for
 //!    a retry. (MariaDB has no `LATERAL` and cannot read an index "one key at a time"
 //!    in a correlated subquery, so the probes are separate statements.)
@@ -192,9 +202,9 @@
 //! the one before them are sent together, in one request: the start of the transaction
 //! with the first statement, the claim lock with the read of the claims and the window
 //! (after the settlement's updates when the relay settles and claims at once), the
-//! claim's record with the commit. A round trip costs more than most of those statements
-//! take to run; a relay's batch makes three instead of nine. Such requests use the text
-//! protocol, with values written as literals
+//! claim's lock of step 1's rows and its record with the commit. A round trip costs more
+//! than most of those statements take to run; a relay's batch makes three instead of
+//! nine. Such requests use the text protocol, with values written as literals
 //! (integers in decimal, bytes in hexadecimal). A claim or settlement dropped before
 //! its commit closes its connection, so that the server rolls it back. The plans are in
 //! [`MySqlOutbox`'s `claim`](MySqlOutbox#method.claim); [`MySqlOutbox::explain_claim`]

@@ -271,14 +271,18 @@ impl SpoolStore for MySqlOutbox {
     /// order, in full, passing over the rows of this process's own live claims, and
     /// the claim rule decided on them; only if that window held fewer free rows than
     /// asked for while more rows are pending, step 2, which finds free keys one index
-    /// probe per key and locks the rows it picks `FOR UPDATE SKIP LOCKED`; and the
-    /// claim's row in `oncebox_claims`.
+    /// probe per key and locks the rows it picks `FOR UPDATE SKIP LOCKED`; and, with the
+    /// commit, the lock of step 1's rows (`FOR UPDATE SKIP LOCKED`) and the claim's row
+    /// in `oncebox_claims`, written only if every one of those rows was locked still
+    /// pending (else, rarely, when a [`cancel`](MySqlOutbox::cancel) in flight holds one,
+    /// the claim is made again, locking step 1's rows before taking them).
     ///
     /// The window is the head of the `(status, seq)` index, read in order and stopped by
     /// the `LIMIT` (`rows` estimates the whole range of pending rows, not what is read);
     /// the rows it passes over (`seq NOT IN (...)`) are left out by the index
     /// condition, before their primary-key lookups. Step 2's locking read finds the
-    /// picked rows by primary key, and the claims are one primary-key range. Nothing
+    /// picked rows by primary key, as does step 1's lock of its rows (the same range
+    /// read on `seq`), and the claims are one primary-key range. Nothing
     /// sorts, nothing scans the table. The test `claim_plans_use_the_indexes` checks
     /// these plans; [`MySqlOutbox::explain_claim`] shows them on your data.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Message>>> {

@@ -82,7 +82,9 @@ impl MySqlOutbox {
 
     /// Takes back the message `id` if it has not gone out: deletes its row, in `conn`'s
     /// transaction, if it is pending and no live claim holds it. Returns whether it did;
-    /// the message is then never published (once the transaction commits).
+    /// the message is then never published, whatever relays claim while the transaction
+    /// stays open: they pass over the row, and the rest of its key, until it ends. If
+    /// the transaction rolls back, the message is published as if never cancelled.
     ///
     /// `false` when there is no such pending message: it was published or is being
     /// published right now (a live claim holds it), it is dead, it was cancelled, or it
@@ -92,12 +94,16 @@ impl MySqlOutbox {
     /// duplicate).
     ///
     /// Three statements: the row is locked (waiting for a claim taking it right now to
-    /// commit), the live claims are read on a pool connection of their own (a fresh
-    /// snapshot, which sees that claim, whatever `conn`'s snapshot; no lock on the claims,
-    /// which relays write), and the row is deleted if none holds it. The row lock is held
-    /// to the end of the transaction, so that no claim takes the row meanwhile: only that
-    /// row's claim waits for the caller's commit. The read takes a second connection of the
-    /// pool while `conn` is held.
+    /// commit: a claim locks the rows it takes before it commits), the live claims are
+    /// read on a pool connection of their own (a fresh snapshot, which sees that claim,
+    /// whatever `conn`'s snapshot; no lock on the claims, which relays write), and the
+    /// row is deleted if none holds it. The row lock is held to the end of the
+    /// transaction, so that no claim takes the row meanwhile: claims lock the rows they
+    /// take `SKIP LOCKED`, and pass over this one and the rest of its key without
+    /// waiting for the caller's commit; no relay waits for it. While the transaction is
+    /// open and the message due, a claim that picks the row is made twice (the second
+    /// locking its rows before taking them): keep the transaction short. The read takes
+    /// a second connection of the pool while `conn` is held.
     ///
     /// # Errors
     ///

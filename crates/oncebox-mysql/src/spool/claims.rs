@@ -98,6 +98,11 @@ impl OwnClaims {
         self.lock().insert(token, Arc::new(OwnClaim { seqs, keys }));
     }
 
+    /// Forgets the claim `token`, which was not recorded.
+    pub(super) fn forget(&self, token: &[u8]) {
+        self.lock().remove(token);
+    }
+
     /// After a settlement of claim `token`: it holds only the `remaining` rows.
     pub(super) fn settled(&self, token: &[u8], remaining: &[i64]) {
         let mut own = self.lock();
@@ -198,6 +203,46 @@ impl SpoolTable {
                 Value::Seqs(seqs),
             ],
         );
+    }
+
+    /// As [`record_claim`](Self::record_claim), if the rows `as_read` (some of `seqs`,
+    /// those step 1 took as it read them, unlocked) can all be locked still pending;
+    /// else nothing is recorded. Appended to `script`, which must run under the claim
+    /// lock. Returns the index, in the script's results, of the row that says whether
+    /// the claim was recorded ([`recorded`]); `None`, with a plain record, if `as_read`
+    /// is empty.
+    ///
+    /// The rows are locked `SKIP LOCKED`, so the claim never waits for a transaction
+    /// that holds one of them: a cancel in a transaction its caller keeps open
+    /// (see `MySqlOutbox::cancel`). Their locks last the little that is left of the
+    /// claim's transaction, which commits in the same request.
+    pub(super) fn record_claim_if_locked(
+        &self,
+        script: &mut Script,
+        token: &[u8],
+        until: i64,
+        seqs: &[i64],
+        as_read: &[i64],
+    ) -> Option<usize> {
+        if as_read.is_empty() {
+            self.record_claim(script, token, until, seqs);
+            return None;
+        }
+        script.push(&self.sql.lock_taken, as_read, &[]);
+        script.push(
+            &self.sql.record_claim_if_locked,
+            &[],
+            &[
+                Value::Bytes(self.lock_name.as_bytes()),
+                Value::Bytes(token),
+                Value::Int(until),
+                Value::Seqs(seqs),
+                Value::Int(i64::try_from(as_read.len()).unwrap_or(i64::MAX)),
+            ],
+        );
+        let flag = script.len();
+        script.push(sql::READ_RECORDED, &[], &[]);
+        Some(flag)
     }
 
     /// [`record_claim`](Self::record_claim) at once, in `conn`'s transaction.
@@ -305,6 +350,17 @@ impl SpoolTable {
         }
         script.push(sql::SETTLED, &[], &[]);
     }
+}
+
+/// Whether the claim of a [`SpoolTable::record_claim_if_locked`] was recorded, from the
+/// `results` of its script and the index it returned.
+pub(super) fn recorded(results: &[Vec<MySqlRow>], flag: usize) -> Result<bool> {
+    let row = results.get(flag).and_then(|rows| rows.first());
+    let recorded: Option<i64> = match row {
+        Some(row) => row.try_get("recorded").map_err(store_error)?,
+        None => None,
+    };
+    Ok(recorded.is_some_and(|rows| rows > 0))
 }
 
 /// A claim row's `seqs`; a permanent error naming the claim if they are not a JSON

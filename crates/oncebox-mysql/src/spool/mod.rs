@@ -8,9 +8,10 @@ mod rule;
 mod script;
 mod settle;
 pub(crate) mod sql;
+mod window;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oncebox_core::Result;
@@ -28,14 +29,8 @@ use claims::{Held, OwnClaims};
 use rule::Pending;
 use script::{Script, ScriptTx, Value};
 pub(crate) use sql::{Layout, SpoolSql};
+use window::{Take, Window, step_one, window_bounds};
 
-/// Step 1 reads the first pending rows, adaptively between at least this many (or a
-/// quarter more than the rows asked for)...
-const MIN_SMALL_WINDOW: usize = 128;
-/// ...and at most this many...
-const MIN_WINDOW: usize = 1024;
-/// ...or this many per row asked for.
-const WINDOW_PER_ROW: usize = 4;
 /// Step 2 probes at most this many keys...
 const MIN_KEY_SCAN: usize = 128;
 /// ...or this many per row asked for.
@@ -67,8 +62,8 @@ pub(crate) struct SpoolTable {
     /// Where step 2's scan of keys resumes; shared by clones, so that successive claims of
     /// a process move through the whole key space.
     cursor: Arc<Mutex<Vec<u8>>>,
-    /// The next default window, from what the last step 1 needed (see [`next_window`]).
-    /// Shared by clones, like the cursor.
+    /// The next default window, from what the last step 1 needed (see
+    /// [`next_window`](window::next_window)). Shared by clones, like the cursor.
     window_hint: Arc<AtomicUsize>,
     /// A fixed window, if set.
     window: Option<usize>,
@@ -125,25 +120,6 @@ impl SpoolTable {
         self.window = Some(rows.max(1));
     }
 
-    /// The window of step 1 for a claim of `limit` rows: the fixed size if set; else a
-    /// quarter more than the last step 1 needed (the window's rows up to its last picked
-    /// one), between `max(128, 1.25 × limit)` and `max(1024, 4 × limit)`; the upper
-    /// bound after a claim that found too few rows in a full window.
-    fn window(&self, limit: usize) -> usize {
-        if let Some(window) = self.window {
-            return window;
-        }
-        let (low, high) = window_bounds(limit);
-        self.window_hint.load(Ordering::Relaxed).clamp(low, high)
-    }
-
-    fn adapt_window(&self, limit: usize, used: usize, short: bool) {
-        if self.window.is_none() {
-            let next = next_window(limit, used, short);
-            self.window_hint.store(next, Ordering::Relaxed);
-        }
-    }
-
     /// Binds the scope (the consumer), if the table has one.
     pub(crate) fn scoped(&self, query: MySqlQuery) -> MySqlQuery {
         match (&self.scope, self.sql.scoped) {
@@ -168,28 +144,47 @@ impl SpoolTable {
         if request.limit == 0 {
             return Ok(Vec::new());
         }
+        let claimed = self.claim_once(request, Take::AsRead).await?;
+        self.or_claim_locking(claimed, request).await
+    }
+
+    /// One claim, in a transaction of its own, step 1's rows taken as `take` says;
+    /// `None` if it recorded nothing because a row it took was held (see
+    /// [`finish_claim`](Self::finish_claim)).
+    async fn claim_once<T: SpoolRow>(
+        &self,
+        request: &ClaimRequest,
+        take: Take,
+    ) -> Result<Option<Vec<Claimed<T>>>> {
         let mut script = Script::default();
         let ahead = self.lock_and_read(&mut script, request.limit);
         let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
         let (claims, window) = ahead.split(results);
-        self.finish_claim(tx, &claims, window, request).await
+        self.finish_claim(tx, &claims, window, request, take).await
     }
 
-    /// Appends to `script` the claim lock, the read of the spool's claims and step 1's
-    /// first window for a claim of `limit` rows, read ahead (see [`ReadAhead`]).
-    fn lock_and_read(&self, script: &mut Script, limit: usize) -> ReadAhead {
-        self.lock_and_read_claims(script);
-        let size = self.window(limit);
-        let skip = self.own.skip();
-        let mut values = self.scope_values();
-        values.push(Value::Int(sql_limit(size)));
-        if skip.is_empty() {
-            script.push(&self.sql.window, &[], &values);
-        } else {
-            let list = &skip[..skip.len().min(MAX_LIST)];
-            script.push(&self.sql.window_skipping, list, &values);
+    /// The rows of a claim that recorded them; after one that recorded nothing because
+    /// a row step 1 took was held by a transaction in flight, claims again, step 1's
+    /// rows locked before they are taken ([`Take::Locked`]): that claim passes over the
+    /// held rows, where the first would pick them again.
+    async fn or_claim_locking<T: SpoolRow>(
+        &self,
+        claimed: Option<Vec<Claimed<T>>>,
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed<T>>> {
+        if let Some(claimed) = claimed {
+            return Ok(claimed);
         }
-        ReadAhead { size, skip }
+        tracing::debug!(
+            table = self.sql.table,
+            "a row the claim took was held by a transaction in flight: claim again, \
+             locking the rows first"
+        );
+        // A claim of `Take::Locked` records whatever it takes: always `Some`.
+        Ok(self
+            .claim_once(request, Take::Locked)
+            .await?
+            .unwrap_or_default())
     }
 
     /// Settles the rows of claim `token`, then claims, in two transactions whose
@@ -228,7 +223,10 @@ impl SpoolTable {
             let (tx, results) = ScriptTx::begin(&self.pool, script).await?;
             if settle::settled(&results, flag)? {
                 let (claims, window) = ahead.split(results);
-                return self.finish_claim(tx, &claims, window, request).await;
+                let claimed = self
+                    .finish_claim(tx, &claims, window, request, Take::AsRead)
+                    .await?;
+                return self.or_claim_locking(claimed, request).await;
             }
             // Nothing was settled: start again, the settle reading the claim first.
             tx.rollback().await?;
@@ -242,7 +240,10 @@ impl SpoolTable {
         script.push(concat!("COMMIT; ", start_read_committed!()), &[], &[]);
         let ahead = self.lock_and_read(&mut script, request.limit);
         let (claims, window) = ahead.split(script.run(&mut tx).await?);
-        self.finish_claim(tx, &claims, window, request).await
+        let claimed = self
+            .finish_claim(tx, &claims, window, request, Take::AsRead)
+            .await?;
+        self.or_claim_locking(claimed, request).await
     }
 
     /// Ends a claim whose transaction `tx` holds the claim lock and has read the spool's
@@ -253,39 +254,55 @@ impl SpoolTable {
     /// relay's batch of 256 rows, which would otherwise follow the commit's round trip):
     /// decoding waits for nothing. Rows that do not decode are dead-lettered once the
     /// claim that holds them has committed.
+    ///
+    /// `None` if the claim recorded nothing: step 1 took its rows as read
+    /// ([`Take::AsRead`]) and one of them, locked with the record, was held by a
+    /// transaction in flight or is no longer pending.
     async fn finish_claim<T: SpoolRow>(
         &self,
         mut tx: ScriptTx,
         claims: &[MySqlRow],
         window: Window,
         request: &ClaimRequest,
-    ) -> Result<Vec<Claimed<T>>> {
-        let (rows, record) = self.claim_in(&mut tx, claims, window, request).await?;
+        take: Take,
+    ) -> Result<Option<Vec<Claimed<T>>>> {
+        let (rows, record, check) = self
+            .claim_in(&mut tx, claims, window, request, take)
+            .await?;
         // `join` polls the commit first, which sends it before the rows decode.
         let (committed, (claimed, undecodable)) =
             futures_util::future::join(tx.commit(record), async {
                 self.decode_all(request.token, &rows)
             })
             .await;
-        committed?;
+        let results = committed?;
+        if let Some(flag) = check
+            && !claims::recorded(&results, flag)?
+        {
+            self.own.forget(&uuid_bytes(request.token.as_uuid()));
+            return Ok(None);
+        }
         for (seq, error) in undecodable {
             self.dead_letter_undecodable(request.token, seq, &error)
                 .await;
         }
-        Ok(claimed)
+        Ok(Some(claimed))
     }
 
     /// The claim's statements in `conn`'s transaction, under the claim lock, from the
-    /// spool's `claims` and step 1's first `window`, read under it: step 1 and, if
-    /// needed, step 2. Returns the claimed rows, not yet decoded, and the claim's record,
-    /// for the caller to run with its commit.
+    /// spool's `claims` and step 1's first `window`, read under it: step 1, its rows
+    /// taken as `take` says, and, if needed, step 2. Returns the claimed rows, not yet
+    /// decoded, and the claim's record, for the caller to run with its commit, with the
+    /// index of the result that says whether it was recorded, if it may not be
+    /// ([`SpoolTable::record_claim_if_locked`]).
     async fn claim_in(
         &self,
         conn: &mut MySqlConnection,
         claims: &[MySqlRow],
         window: Window,
         request: &ClaimRequest,
-    ) -> Result<(Vec<(i64, MySqlRow)>, Script)> {
+        take: Take,
+    ) -> Result<(Vec<(i64, MySqlRow)>, Script, Option<usize>)> {
         let mut held = self.live_claims(conn, claims).await?;
         let (_, high) = window_bounds(request.limit);
         let mut size = window.size;
@@ -300,6 +317,8 @@ impl SpoolTable {
             None
         };
         let mut claimed = Vec::new();
+        // Step 1's rows taken as read, to lock with the record.
+        let mut as_read = Vec::new();
         let mut keys = HashSet::new();
         let mut now = None;
         loop {
@@ -308,13 +327,26 @@ impl SpoolTable {
                 Some(window) => window.rows,
                 None => self.read_window(conn, size, &held).await?,
             };
-            let Some(step) = step_one(rows, size, want, &held, &mut keys)? else {
+            let Some(step) = step_one(rows, size, want, &held)? else {
                 break;
             };
             now = Some(step.now);
-            // Taken: a second window or step 2 must pass over them like other claims' rows.
-            held.add(step.taken.iter().map(|(seq, _)| *seq));
-            claimed.extend(step.taken);
+            // Taken (or, locked first, passed over): a second window or step 2 must pass
+            // over them like other claims' rows.
+            held.add(step.taken.iter().map(|(row, _)| row.seq));
+            match take {
+                Take::AsRead => {
+                    for (row, read) in step.taken {
+                        as_read.push(row.seq);
+                        keys.extend(row.key);
+                        claimed.push((row.seq, read));
+                    }
+                }
+                Take::Locked => {
+                    let picked: Vec<&Pending> = step.taken.iter().map(|(row, _)| row).collect();
+                    claimed.extend(self.lock_picked(conn, &picked, step.now, &mut keys).await?);
+                }
+            }
             let want = request.limit.saturating_sub(claimed.len());
             let short = want > 0 && step.full;
             if short && self.window.is_none() && size < high {
@@ -333,41 +365,15 @@ impl SpoolTable {
             break;
         }
         let mut record = Script::default();
+        let mut check = None;
         if let (Some(now), false) = (now, claimed.is_empty()) {
             let seqs: Vec<i64> = claimed.iter().map(|(seq, _)| *seq).collect();
             let until = now.saturating_add(duration_ms(request.lease).max(1));
             let token = uuid_bytes(request.token.as_uuid());
-            self.record_claim(&mut record, &token, until, &seqs);
+            check = self.record_claim_if_locked(&mut record, &token, until, &seqs, &as_read);
             self.own.remember(token, seqs, keys);
         }
-        Ok((claimed, record))
-    }
-
-    /// Step 1's window of `size` rows: the first pending rows, passing over those of
-    /// this process's live claims.
-    ///
-    /// The window is one read, under the claim lock, of everything the rule needs and of
-    /// the rows themselves: the rows it picks are taken as read. Nothing else changes a
-    /// pending row that no live claim holds while the claim lock is held, so a second,
-    /// locking read of them would find what the first found.
-    async fn read_window(
-        &self,
-        conn: &mut MySqlConnection,
-        size: usize,
-        held: &Held,
-    ) -> Result<Vec<MySqlRow>> {
-        // Any part of them will do: rows not passed over are read, and count as held.
-        let skip = &held.skip()[..held.skip().len().min(MAX_LIST)];
-        let read = if skip.is_empty() {
-            self.scoped(query(&self.sql.window))
-        } else {
-            let statement = with_list(&self.sql.window_skipping, skip.len());
-            bind_list(self.scoped(query_owned(statement)), skip)
-        };
-        read.bind(sql_limit(size))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(store_error)
+        Ok((claimed, record, check))
     }
 
     /// Locks the `picked` rows that are still pending and due (skipping rows other
@@ -538,124 +544,6 @@ impl SpoolTable {
     }
 }
 
-/// Step 1 over the `rows` of a window of `size` rows, for at most `want` rows;
-/// `None` if nothing is pending. Adds the keys of the rows it takes to `keys`.
-fn step_one(
-    rows: Vec<MySqlRow>,
-    size: usize,
-    want: usize,
-    held: &Held,
-    keys: &mut HashSet<Vec<u8>>,
-) -> Result<Option<StepOne>> {
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let now: i64 = first.try_get("now_ms").map_err(store_error)?;
-    let window = rows
-        .iter()
-        .map(|row| pending(row, held))
-        .collect::<Result<Vec<_>>>()?;
-    // In window order, as the window is in `seq` order.
-    let picked: Vec<i64> = rule::pick(&window, now, want)
-        .into_iter()
-        .map(|row| row.seq)
-        .collect();
-    let full = window.len() >= size;
-    let mut used = 0;
-    let mut taken = Vec::with_capacity(picked.len());
-    let mut picked = picked.into_iter().peekable();
-    for (n, (row, read)) in window.into_iter().zip(rows).enumerate() {
-        if picked.next_if_eq(&row.seq).is_some() {
-            used = n + 1;
-            keys.extend(row.key);
-            taken.push((row.seq, read));
-        }
-    }
-    Ok(Some(StepOne {
-        taken,
-        now,
-        used,
-        full,
-    }))
-}
-
-/// Step 1's first window, read ahead: in the request that reads the spool's claims,
-/// after the claim lock.
-///
-/// The window passes over the rows of this process's live claims, which a claim
-/// otherwise learns only from the claims it reads. The process remembers its claims
-/// ([`OwnClaims`]): the window read ahead passes over the rows of those it believes
-/// live, and is used if the claims read with it agree, which spares the claim a round
-/// trip. If they do not (a claim of this process ended, or failed to commit), the
-/// window is read again. Either way it is read under the claim lock.
-struct ReadAhead {
-    /// The rows asked for.
-    size: usize,
-    /// The rows passed over, in `seq` order.
-    skip: Vec<i64>,
-}
-
-impl ReadAhead {
-    /// The rows of the claims, and the window read ahead, from the `results` of the
-    /// request that [`SpoolTable::lock_and_read`] ended.
-    fn split(self, mut results: Vec<Vec<MySqlRow>>) -> (Vec<MySqlRow>, Window) {
-        let rows = results.pop().unwrap_or_default();
-        let window = Window {
-            size: self.size,
-            skip: self.skip,
-            rows,
-        };
-        (results.pop().unwrap_or_default(), window)
-    }
-}
-
-/// A window of step 1 read ahead, as [`ReadAhead`] asked for it.
-struct Window {
-    size: usize,
-    skip: Vec<i64>,
-    rows: Vec<MySqlRow>,
-}
-
-/// What one pass of step 1 did.
-struct StepOne {
-    /// The rows it took, not yet decoded.
-    taken: Vec<(i64, MySqlRow)>,
-    /// The database's clock when it read the window.
-    now: i64,
-    /// The window's rows up to its last picked one.
-    used: usize,
-    /// The window was full: more rows may be pending behind it.
-    full: bool,
-}
-
-/// The bounds of the default window for a claim of `limit` rows.
-fn window_bounds(limit: usize) -> (usize, usize) {
-    let high = MIN_WINDOW.max(limit.saturating_mul(WINDOW_PER_ROW));
-    let low = MIN_SMALL_WINDOW
-        .max(limit.saturating_add(limit / 4))
-        .min(high);
-    (low, high)
-}
-
-/// The window after a step 1 of `limit` rows that needed `used` rows of its window.
-///
-/// A relay alone needs `limit` rows, and every row read costs a primary-key lookup (the
-/// window reads `key` and `available_at`, which the `(status, seq)` index does not
-/// hold): it reads a quarter more. With other
-/// relays holding rows at the head, `used` counts their rows too, and the window grows
-/// with them. A window that comes back short is read again at the upper bound, in the
-/// same claim, before step 2 (a probe per key, each a round trip, under the claim lock):
-/// going straight to step 2 made four relays on 500 keys, killed at random, take twice
-/// as long to drain.
-fn next_window(limit: usize, used: usize, short: bool) -> usize {
-    let (low, high) = window_bounds(limit);
-    if short {
-        high
-    } else {
-        used.saturating_add(used / 4).clamp(low, high)
-    }
-}
-
 /// A pending row's bookkeeping, from a statement whose first columns are `seq`, `k`
 /// and `available_at` (read by position: this runs for every row of every window), and
 /// whether a live claim holds it. A row of a key that one of this process's claims
@@ -670,28 +558,4 @@ fn pending(row: &MySqlRow, held: &Held) -> Result<Pending> {
         key,
         available_at: row.try_get(2).map_err(store_error)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn window_bounds_grow_with_the_limit() {
-        assert_eq!(window_bounds(8), (128, 1024));
-        assert_eq!(window_bounds(256), (320, 1024));
-        assert_eq!(window_bounds(1000), (1250, 4000));
-    }
-
-    #[test]
-    fn windows_follow_what_step_one_needed() {
-        assert_eq!(next_window(256, 256, false), 320, "alone: a quarter more");
-        assert_eq!(
-            next_window(256, 600, false),
-            750,
-            "a quarter more than needed"
-        );
-        assert_eq!(next_window(256, 900, false), 1024, "capped");
-        assert_eq!(next_window(256, 0, true), 1024, "short: the upper bound");
-    }
 }

@@ -14,6 +14,10 @@ pub(crate) const SETTLED: &str = "SET @oncebox_settled = ROW_COUNT()";
 /// `settled`: whether the last [`SETTLED`] recorded a changed claim (1) or not (0).
 pub(crate) const READ_SETTLED: &str = "SELECT @oncebox_settled AS settled";
 
+/// `recorded`: whether the statement before it, a `record_claim_if_locked`, recorded the
+/// claim (1 inserted, 2 added to) or not (0).
+pub(crate) const READ_RECORDED: &str = "SELECT ROW_COUNT() AS recorded";
+
 /// The outbox and the durable inbox share their bookkeeping columns; they differ in
 /// table, scope and the columns of their items.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +64,13 @@ pub(crate) struct SpoolSql {
     /// `?` spool, `?` token, `?` lease until, `?` seqs (JSON): records a claim, or adds
     /// rows to it.
     pub(crate) record_claim: String,
+    /// `{list}` seqs: locks those of the rows still pending `FOR UPDATE SKIP LOCKED`, and
+    /// counts them into `@oncebox_locked`. Step 1's rows, taken as read: a row that a
+    /// transaction in flight holds (a cancel that has deleted it) is not counted.
+    pub(crate) lock_taken: String,
+    /// As `record_claim`, followed by `?` rows: only if `@oncebox_locked` counts them
+    /// all. [`READ_RECORDED`] then says whether it did.
+    pub(crate) record_claim_if_locked: String,
     /// `[scope]`, `?` key → the first pending row (`seq`, `k`, `available_at`) of the
     /// first key at or after it.
     pub(crate) next_head: String,
@@ -127,6 +138,17 @@ FOR UPDATE SKIP LOCKED",
             ),
             record_claim: "INSERT INTO oncebox_claims (spool, token, lease_until, seqs)
 VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE
+  lease_until = VALUES(lease_until), seqs = JSON_MERGE_PRESERVE(seqs, VALUES(seqs))"
+                .to_owned(),
+            lock_taken: format!(
+                "SELECT COUNT(*) INTO @oncebox_locked
+FROM {table}
+WHERE seq IN ({LIST}) AND status = {PENDING}
+FOR UPDATE SKIP LOCKED"
+            ),
+            record_claim_if_locked: "INSERT INTO oncebox_claims (spool, token, lease_until, seqs)
+SELECT ?, ?, ?, ? FROM DUAL WHERE @oncebox_locked = ?
 ON DUPLICATE KEY UPDATE
   lease_until = VALUES(lease_until), seqs = JSON_MERGE_PRESERVE(seqs, VALUES(seqs))"
                 .to_owned(),
