@@ -124,9 +124,11 @@ impl Request {
             _ => return Err(Refusal::Malformed("No action was chosen: replay or purge.")),
         };
         let target = if group {
+            // The group's topic and signature as the page wrote them: an empty topic,
+            // or one with outer spaces, names a group of its own.
             let (Some(topic), Some(signature), Some(through)) = (
-                fields.get("topic"),
-                fields.get("signature"),
+                fields.exact("topic"),
+                fields.exact("signature"),
                 fields.get("through").and_then(|seq| seq.parse().ok()),
             ) else {
                 return Err(Refusal::Malformed(

@@ -29,7 +29,18 @@ impl Fields {
         Self::parse(body)
     }
 
-    /// The first value of `name`, trimmed, if it is not empty.
+    /// The first value of `name`, exactly as sent (empty, or with outer spaces), if the
+    /// field is there at all: for values that are data to find again, such as a failure
+    /// group's topic, where `""` and `" orders "` name groups of their own.
+    pub(super) fn exact(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The first value of `name`, trimmed, if it is not empty: for what operators type
+    /// into a filter.
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
@@ -111,6 +122,20 @@ mod tests {
         assert_eq!(fields.get("key"), Some("k"));
         assert_eq!(fields.get("x"), Some("<script>"));
         assert_eq!(fields.get("missing"), None);
+    }
+
+    #[test]
+    fn exact_values_keep_their_spaces_and_emptiness() {
+        let fields = Fields::parse(b"topic=&signature=+a++b+&key=%20k%20");
+        assert_eq!(fields.exact("topic"), Some(""));
+        assert_eq!(fields.exact("signature"), Some(" a  b "));
+        assert_eq!(fields.exact("key"), Some(" k "));
+        assert_eq!(fields.exact("missing"), None);
+        let query = encode([("topic", " orders "), ("signature", "x")]);
+        assert_eq!(
+            Fields::parse(query.as_bytes()).exact("topic"),
+            Some(" orders ")
+        );
     }
 
     #[test]

@@ -404,7 +404,9 @@ pub(super) async fn failure_group(
     RawQuery(query): RawQuery,
 ) -> Response {
     let fields = Fields::query(query.as_deref());
-    let (Some(topic), Some(signature)) = (fields.get("topic"), fields.get("signature")) else {
+    // Exactly as the link wrote them: an empty topic, or one with outer spaces, names a
+    // group of its own.
+    let (Some(topic), Some(signature)) = (fields.exact("topic"), fields.exact("signature")) else {
         return view::error(
             &dashboard,
             Some(&session),
