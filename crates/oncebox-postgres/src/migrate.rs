@@ -46,7 +46,11 @@ pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 /// CONCURRENTLY` (the file says how).
 pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
 
-/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V5`]), with `schema`
+/// `migrations/0007_cdc_slots.sql`: the log-tailing relay's record of the slots it
+/// read, by which it tells a slot that vanished from one never created.
+pub const SCHEMA_V7: &str = include_str!("../migrations/0007_cdc_slots.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V7`]), with `schema`
 /// filled in.
 ///
 /// # Errors
@@ -56,9 +60,11 @@ pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
     let schema = quote(schema);
-    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
-        .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
-        .join("\n"))
+    Ok([
+        SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V7,
+    ]
+    .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
+    .join("\n"))
 }
 
 /// The migrator of oncebox's tables in `schema`: creates the schema if needed and
@@ -86,6 +92,7 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
         (3, "oncebox emit", SCHEMA_V3),
         (4, "oncebox duplicates", SCHEMA_V4),
         (5, "oncebox outbox by creation", SCHEMA_V5),
+        (7, "oncebox cdc slots", SCHEMA_V7),
     ]
     .into_iter()
     .map(|(version, name, sql)| {
