@@ -99,14 +99,14 @@ impl<P: Publisher> CdcRelay<P> {
             heartbeat_prefix: super::heartbeat_prefix(schema),
             insert_dead: format!(
                 "INSERT INTO {table} (id, topic, key, kind, headers, payload, created_at, \
-                 status, attempts, last_error, dead_at) \
+                 status, attempts, last_error, dead_at, cdc_source) \
                  VALUES ($1::uuid, $2, $3, $4, $5::jsonb, $6, \
-                 to_timestamp($7::float8 / 1e6), 'dead', $8, $9, now()) \
+                 to_timestamp($7::float8 / 1e6), 'dead', $8, $9, now(), 'messages') \
                  ON CONFLICT (id) DO NOTHING"
             ),
             mark_dead: format!(
                 "UPDATE {table} SET status = 'dead', attempts = $2, last_error = $3, \
-                 dead_at = now() WHERE seq = $1"
+                 dead_at = now(), cdc_source = 'table' WHERE seq = $1"
             ),
             delete_published: format!(
                 "DELETE FROM {table} WHERE seq = ANY($1::bigint[]) RETURNING seq"

@@ -17,6 +17,9 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+#[cfg(feature = "cdc")]
+pub mod cdc;
+
 #[allow(unused_imports)] // each test binary uses some of them
 pub use oncebox_testkit::fixtures::{claim, done, label, labels, msg};
 
