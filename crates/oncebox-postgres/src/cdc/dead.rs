@@ -40,7 +40,7 @@ impl DeadLetters {
             ),
             mark: format!(
                 "UPDATE {table} SET status = 'dead', attempts = $2, last_error = $3, \
-                 dead_at = now() WHERE seq = $1"
+                 dead_at = now(), cdc_source = 'table' WHERE seq = $1"
             ),
             attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
         }

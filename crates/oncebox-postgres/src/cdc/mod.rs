@@ -69,6 +69,14 @@
 //!   publications under way get their current attempt (at most
 //!   [`CdcOptions::publish_timeout`]), what they covered is confirmed, and
 //!   [`CdcRelay::run_until`] returns, even while the broker is down.
+//!   A replay ([`PgOutbox::replay_dead`](crate::PgOutbox::replay_dead)) hands the message
+//!   back to the relay the way it first came, since the relay reads no update: in table
+//!   mode the dead row is deleted and inserted again as a new pending row, in message
+//!   mode it is deleted and its message emitted again (same id, same creation time;
+//!   unreadable content is emitted again as it is). The relay then publishes it after
+//!   what it read before the replay, while its slot exists; if the broker refuses it
+//!   again, it is dead-lettered again. The outbox's `cdc_source` column says which mode
+//!   wrote a dead row.
 //! - **Feedback keeps flowing.** The replication connection answers the server's
 //!   keepalives and reports the confirmed position every
 //!   [`CdcOptions::status_interval`] even while publishing is stalled, so the server's
@@ -110,7 +118,9 @@
 //! required), `key` (a string or null), `kind` (a string, default empty), `headers` (an
 //! object of strings, default empty; `traceparent` continues the producer's trace) and
 //! `created_at` (an RFC 3339 timestamp; default: the transaction's commit time). Other
-//! members are ignored. The migration's `<schema>.emit` function writes exactly this:
+//! members are ignored. The migrations' `<schema>.emit` function writes exactly this,
+//! through `<schema>.emit_message(id, topic, key, kind, headers, payload, created_at)`,
+//! which writes a message of a given id and creation time:
 //!
 //! ```sql
 //! BEGIN;

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use super::{LONG, TestDb, url};
 
 /// Records what it published, after taking `confirm` to confirm it; refuses topic
-/// `refused` for good.
+/// `refused` for good (a permanent error) while it is not
+/// [`accepting`](Self::accepting) it (at first).
 #[derive(Clone, Default)]
 pub struct Recorder {
     pub published: Arc<Mutex<Vec<Message>>>,
@@ -23,6 +24,7 @@ pub struct Recorder {
     pub down: Arc<AtomicBool>,
     /// Publish attempts, failed ones included.
     pub attempts: Arc<AtomicUsize>,
+    accepting: Arc<AtomicBool>,
 }
 
 impl Publisher for Recorder {
@@ -31,7 +33,7 @@ impl Publisher for Recorder {
         if self.down.load(Ordering::SeqCst) {
             return Err(Error::transport_outage("the broker is down"));
         }
-        if message.topic == "refused" {
+        if message.topic == "refused" && !self.accepting.load(Ordering::SeqCst) {
             return Err(Error::transport_permanent("the broker refuses this topic"));
         }
         tokio::time::sleep(self.confirm).await;
@@ -50,6 +52,11 @@ impl Recorder {
             confirm,
             ..Self::default()
         }
+    }
+
+    /// Whether topic `refused` is published from now on.
+    pub fn accepting(&self, accepting: bool) {
+        self.accepting.store(accepting, Ordering::SeqCst);
     }
 
     pub fn published(&self) -> Vec<Message> {
