@@ -65,7 +65,8 @@ pub(crate) enum DeadLetterCommand {
         json: bool,
     },
     /// Put dead letters back in line: pending, due now, attempts reset, each in its
-    /// key's order.
+    /// key's order (the log-tailing relay's are handed back to it, to be published after
+    /// what it already read).
     Replay(Selection),
     /// Delete dead letters for good.
     Purge(Selection),

@@ -51,8 +51,11 @@ fn database_fault(db: &dyn DatabaseError) -> Fault {
     sqlstate_fault(db.code().as_deref())
 }
 
-/// PostgreSQL (and any server speaking SQLSTATE).
-fn sqlstate_fault(code: Option<&str>) -> Fault {
+/// What retrying a server error with SQLSTATE `code` would do, for PostgreSQL and any
+/// server speaking SQLSTATE: the classification of the table above, for errors that do
+/// not come through `sqlx` (PostgreSQL's replication protocol, say). No code is
+/// permanent.
+pub fn sqlstate_fault(code: Option<&str>) -> Fault {
     let Some(code) = code else {
         return Fault::Permanent;
     };

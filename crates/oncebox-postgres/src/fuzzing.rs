@@ -69,6 +69,6 @@ mod cdc {
     /// A Begin message's commit time (microseconds since 2000-01-01) as the relay
     /// reads it.
     pub fn committed_at(micros: i64) -> SystemTime {
-        crate::cdc::relay::committed_at(micros)
+        crate::cdc::session::committed_at(micros)
     }
 }

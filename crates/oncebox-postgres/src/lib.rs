@@ -57,9 +57,10 @@
 //! formatted in; nothing is formatted per call.
 //!
 //! Teams with their own migration tool apply the raw SQL instead: [`SCHEMA_V1`] to
-//! [`SCHEMA_V5`] are `migrations/0001_init.sql`, `0002_inbox_by_consumer.sql`,
-//! `0003_emit.sql`, `0004_duplicates.sql` and `0005_outbox_by_creation.sql`, with the
-//! schema as psql's variable
+//! [`SCHEMA_V7`] are `migrations/0001_init.sql`, `0002_inbox_by_consumer.sql`,
+//! `0003_emit.sql`, `0004_duplicates.sql`, `0005_outbox_by_creation.sql`,
+//! `0006_cdc_dead_letters.sql` and `0007_cdc_slots.sql`, with the schema as psql's
+//! variable
 //! `:"schema"` (`psql -v schema=oncebox -f 0001_init.sql`), and [`schema_sql`] fills it
 //! in. Every statement in them is idempotent.
 //!
@@ -243,7 +244,7 @@ pub use error::RowDecodeError;
 pub use inbox::PgInbox;
 pub use migrate::{
     DEFAULT_SCHEMA, MIGRATIONS_TABLE, SCHEMA_PLACEHOLDER, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3,
-    SCHEMA_V4, SCHEMA_V5, migrator, schema_sql,
+    SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, migrator, schema_sql,
 };
 pub use outbox::{
     DeadLetter, DebeziumLayout, DebeziumPayload, OutboxStats, PgOutbox, RowState, RowStatus,

@@ -46,7 +46,18 @@ pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 /// CONCURRENTLY` (the file says how).
 pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
 
-/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V5`]), with `schema`
+/// `migrations/0006_cdc_dead_letters.sql`: the outbox's `cdc_source` column, which says
+/// which source of the log-tailing relay wrote a dead row, so that
+/// [`PgOutbox::replay_dead`](crate::PgOutbox::replay_dead) hands it back to that source;
+/// the `emit_message` function (a message with a given id and creation time), which
+/// `emit` now calls.
+pub const SCHEMA_V6: &str = include_str!("../migrations/0006_cdc_dead_letters.sql");
+
+/// `migrations/0007_cdc_slots.sql`: the log-tailing relay's record of the slots it
+/// read, by which it tells a slot that vanished from one never created.
+pub const SCHEMA_V7: &str = include_str!("../migrations/0007_cdc_slots.sql");
+
+/// Every version of the schema in order ([`SCHEMA_V1`] to [`SCHEMA_V7`]), with `schema`
 /// filled in.
 ///
 /// # Errors
@@ -56,7 +67,10 @@ pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.
 pub fn schema_sql(schema: &str) -> Result<String> {
     ident::validate("schema", schema)?;
     let schema = quote(schema);
-    Ok([SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
+    let versions = [
+        SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
+    ];
+    Ok(versions
         .map(|sql| sql.replace(SCHEMA_PLACEHOLDER, &schema))
         .join("\n"))
 }
@@ -86,6 +100,8 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
         (3, "oncebox emit", SCHEMA_V3),
         (4, "oncebox duplicates", SCHEMA_V4),
         (5, "oncebox outbox by creation", SCHEMA_V5),
+        (6, "oncebox cdc dead letters", SCHEMA_V6),
+        (7, "oncebox cdc slots", SCHEMA_V7),
     ]
     .into_iter()
     .map(|(version, name, sql)| {

@@ -245,3 +245,41 @@ async fn debezium_bytea_payloads() {
     assert_eq!(by_topic["audit"], 2);
     assert!(db.store.debezium_outbox("Bad.Name").is_err());
 }
+
+/// A dead row of a Debezium-style table (which has no `cdc_source`: the log-tailing
+/// relay does not read such tables) is replayed in its place, as for the polling relay.
+#[tokio::test(flavor = "multi_thread")]
+async fn debezium_dead_letters_are_replayed_in_place() {
+    let db = TestDb::new().await;
+    db.exec(CREATE).await;
+    let layout = layout(&db);
+    db.store.migrate_debezium(&layout).await.unwrap();
+    produce(&db, "order", "o-1", "OrderPlaced", r#"{"n": 1}"#).await;
+    db.exec(
+        "UPDATE outbox_events SET oncebox_status = 'dead', oncebox_attempts = 3,
+         oncebox_last_error = 'refused', oncebox_dead_at = now()",
+    )
+    .await;
+    let (id, seq): (String, i64) =
+        sqlx::query_as("SELECT id::text, oncebox_seq FROM outbox_events")
+            .fetch_one(db.store.pool())
+            .await
+            .unwrap();
+    let id = oncebox_core::MessageId::parse(&id).unwrap();
+    let outbox = db.store.debezium_outbox_with(&layout).unwrap();
+    assert!(outbox.replay_dead(id).await.unwrap());
+    let state = outbox.status(id).await.unwrap().expect("the row is kept");
+    assert_eq!(
+        (
+            state.seq,
+            state.status,
+            state.attempts,
+            state.last_error.as_deref()
+        ),
+        (seq, RowStatus::Pending, 0, Some("refused"))
+    );
+    assert!(
+        !outbox.replay_dead(id).await.unwrap(),
+        "only dead rows replay"
+    );
+}

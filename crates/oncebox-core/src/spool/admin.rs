@@ -236,7 +236,9 @@ pub trait OutboxAdmin: Send + Sync {
     ) -> impl Future<Output = Result<Vec<MinuteCount>>> + Send;
 
     /// Puts the dead message `id` back in line (pending, due now, attempts reset, the
-    /// last error kept, its place in commit order kept); whether it was dead.
+    /// last error kept, its place in commit order kept); whether it was dead. A dead
+    /// letter of a relay that reads no update (PostgreSQL's log-tailing relay) is handed
+    /// back to that relay as a new message of the same id instead.
     ///
     /// # Errors
     ///

@@ -34,6 +34,14 @@ impl CdcMetrics {
         }
     }
 
+    /// A lost slot was created again over `range`.
+    pub(crate) fn lost(&self, range: &slot::LostRange) {
+        let slot = range.slot.clone();
+        metrics::counter!("oncebox_cdc_lost_slots_total", "slot" => slot.clone()).increment(1);
+        metrics::counter!("oncebox_cdc_lost_wal_bytes_total", "slot" => slot)
+            .increment(range.bytes);
+    }
+
     pub(crate) fn confirmed(&self, lsn: Lsn) {
         self.confirmed.set(lsn.as_u64() as f64);
     }

@@ -26,22 +26,57 @@
 //! - **Commit order.** The slot hands out transactions in commit order. Messages with the
 //!   same key are published one at a time in that order; messages of different keys are
 //!   published in parallel (up to [`CdcOptions::max_in_flight`]).
-//! - **Confirmed only behind the broker.** The slot's confirmed position moves to the
-//!   end of a commit only once the broker confirmed every message of that commit and of
-//!   every commit before it. After a crash, the next reader starts from the slot's
-//!   confirmed position and publishes again at most what was not confirmed, under the
-//!   same ids, so broker-side deduplication (`Nats-Msg-Id`, idempotent producers) and
-//!   consumers' inboxes absorb the copies.
+//! - **Published only once visible.** Logical decoding hands a commit out as soon as its
+//!   record is in the WAL, before other sessions can see the transaction: with
+//!   synchronous replication, while its producer still waits for the standby. The relay
+//!   reads a commit's changes only once a snapshot of the server shows it ended (one
+//!   snapshot covers every commit before it, so a backlog costs one per window, not one
+//!   per commit). A commit a failover could still take back (the primary dies while its
+//!   producer waits for the synchronous standby) is therefore never published.
+//! - **Confirmed only behind the broker, and on every commit.** The slot's confirmed
+//!   position moves to the end of a commit once the broker confirmed every message of
+//!   that commit and of every commit before it, and at once for a commit with nothing to
+//!   publish (another table's transaction, the relay's own heartbeat), so that a quiet
+//!   outbox beside a busy database never pins the WAL. After a crash, the next reader
+//!   starts from the slot's confirmed position and publishes again at most what was not
+//!   confirmed, under the same ids, so broker-side deduplication (`Nats-Msg-Id`,
+//!   idempotent producers) and consumers' inboxes absorb the copies.
 //! - **One reader.** A relay reads the slot only while it holds a session advisory lock
 //!   on it, on a connection of its own. Another relay with the same slot stands by,
 //!   polling the lock every [`CdcOptions::standby_poll`], and takes over when the
 //!   reader's connection closes (the reader died) or its lock connection fails.
+//! - **A lost slot is never re-created silently.** The store remembers each slot its
+//!   relays read, and the position last confirmed (`<schema>.cdc_slots`). A slot that
+//!   is gone (a failover to a standby: before PostgreSQL 17 no logical slot is carried
+//!   over; a drop while a relay stood by) or invalidated holds messages nobody can read
+//!   any more: the relay refuses to start and names the range of WAL positions that may
+//!   be lost, unless told to create it again ([`CdcOptions::on_lost_slot`]).
 //! - **Nothing silently dropped.** A message the broker refuses (a permanent error, or
 //!   transient errors [`CdcOptions::max_attempts`] times; an unreachable broker is
 //!   retried without counting) becomes a dead outbox row with its reason, where
 //!   `oncebox dead-letters` lists, replays and purges it; so does content that is not
-//!   an oncebox message and a message emitted with `transactional = false` (those are
-//!   decoded even when their transaction rolls back, so they are never published).
+//!   an oncebox message (under an id derived from its WAL position, so reading it again
+//!   adds no second dead letter), a message that breaks [`CdcOptions::limits`] as
+//!   `enqueue` would refuse it (a NUL or a line break in its topic or key: the dead row
+//!   stores such text with the NUL replaced, and says so), a message emitted with
+//!   `transactional = false` (those are decoded even when their transaction rolls back,
+//!   so they are never published), and, for a relay reading the table, a message emitted
+//!   under oncebox's prefix (the wrong source for it).
+//! - **Failures are retried, stops are bounded.** Errors of the replication connection
+//!   are classified by SQLSTATE, as the pool's are: a walsender the server ends
+//!   (`57P01`), no connection slot during a takeover (`53300`) start a new session;
+//!   authentication and configuration errors end the relay. A stop retries nothing: the
+//!   publications under way get their current attempt (at most
+//!   [`CdcOptions::publish_timeout`]), what they covered is confirmed, and
+//!   [`CdcRelay::run_until`] returns, even while the broker is down.
+//!   A replay ([`PgOutbox::replay_dead`](crate::PgOutbox::replay_dead)) hands the message
+//!   back to the relay the way it first came, since the relay reads no update: in table
+//!   mode the dead row is deleted and inserted again as a new pending row, in message
+//!   mode it is deleted and its message emitted again (same id, same creation time;
+//!   unreadable content is emitted again as it is). The relay then publishes it after
+//!   what it read before the replay, while its slot exists; if the broker refuses it
+//!   again, it is dead-lettered again. The outbox's `cdc_source` column says which mode
+//!   wrote a dead row.
 //! - **Feedback keeps flowing.** The replication connection answers the server's
 //!   keepalives and reports the confirmed position every
 //!   [`CdcOptions::status_interval`] even while publishing is stalled, so the server's
@@ -56,14 +91,16 @@
 //! producers start. While the relay runs, it emits a heartbeat (an empty logical
 //! message of prefix `<schema>.heartbeat`) every [`CdcOptions::heartbeat`], so that an
 //! idle outbox still moves the slot past WAL that other tables and databases write. A
-//! slot that was invalidated (the server removed WAL it needed) is handled by
-//! [`CdcOptions::on_lost_slot`]. [`PgStore::drop_cdc`] drops the slot and the
-//! publication; [`PgStore::replication_slots`] lists the database's slots with their
+//! lost slot is handled by [`CdcOptions::on_lost_slot`]. [`PgStore::drop_cdc`] drops
+//! the slot and the publication (the store still remembers the slot: a relay started on
+//! it later refuses, as for any lost slot, since what it held is gone); [`PgStore::replication_slots`] lists the database's slots with their
 //! retained WAL, which the relay also exports as metrics, every
 //! [`CdcOptions::stats_interval`]: `oncebox_cdc_slot_retained_wal_bytes`,
 //! `oncebox_cdc_slot_lag_bytes` and `oncebox_cdc_slot_active` (labelled `slot`), beside
 //! `oncebox_cdc_messages_total{outcome="published"|"dead"}`,
-//! `oncebox_cdc_commit_to_publish_seconds` and `oncebox_cdc_confirmed_lsn`.
+//! `oncebox_cdc_commit_to_publish_seconds` and `oncebox_cdc_confirmed_lsn`, and, when a
+//! lost slot is created again, `oncebox_cdc_lost_slots_total` and
+//! `oncebox_cdc_lost_wal_bytes_total`.
 //!
 //! # The message encoding
 //!
@@ -81,7 +118,9 @@
 //! required), `key` (a string or null), `kind` (a string, default empty), `headers` (an
 //! object of strings, default empty; `traceparent` continues the producer's trace) and
 //! `created_at` (an RFC 3339 timestamp; default: the transaction's commit time). Other
-//! members are ignored. The migration's `<schema>.emit` function writes exactly this:
+//! members are ignored. The migrations' `<schema>.emit` function writes exactly this,
+//! through `<schema>.emit_message(id, topic, key, kind, headers, payload, created_at)`,
+//! which writes a message of a given id and creation time:
 //!
 //! ```sql
 //! BEGIN;
@@ -124,25 +163,27 @@
 //! ```
 
 mod connect;
+mod dead;
 mod encoding;
 mod metrics;
 mod outbox;
 mod progress;
 pub(crate) mod relay;
 pub(crate) mod row;
+pub(crate) mod session;
 mod slot;
 mod snapshot;
 
 use std::time::Duration;
 
 use oncebox_core::Backoff;
-use oncebox_core::{Error, Result};
+use oncebox_core::{Error, Limits, Result};
 
 pub use connect::CdcConnection;
 pub use encoding::{EncodingError, VERSION as ENCODING_VERSION, decode, encode};
 pub use outbox::PgMessageOutbox;
 pub use relay::CdcRelay;
-pub use slot::{LostSlot, SlotStats};
+pub use slot::{LostRange, LostSlot, SlotStats};
 
 use crate::PgStore;
 
@@ -172,13 +213,14 @@ pub struct CdcOptions {
     pub(crate) standby_poll: Duration,
     pub(crate) delete_batch: usize,
     pub(crate) on_lost_slot: LostSlot,
+    pub(crate) limits: Limits,
 }
 
 impl CdcOptions {
     /// Options for `mode`, reading slot `slot` through a publication of the same name.
     /// Defaults: 1,024 messages in flight, 10 attempts, publish timeout 10 s, heartbeat
     /// every 10 s, status every second, slot metrics every 15 s, standby poll every
-    /// second, deletes in batches of 1,000, [`LostSlot::Fail`].
+    /// second, deletes in batches of 1,000, [`LostSlot::Fail`], the default [`Limits`].
     pub fn new(mode: CdcMode, slot: impl Into<String>) -> Self {
         let slot = slot.into();
         Self {
@@ -195,6 +237,7 @@ impl CdcOptions {
             standby_poll: Duration::from_secs(1),
             delete_batch: 1000,
             on_lost_slot: LostSlot::Fail,
+            limits: Limits::new(),
         }
     }
 
@@ -279,10 +322,22 @@ impl CdcOptions {
         self
     }
 
-    /// What to do with an invalidated slot.
+    /// What to do with a lost slot: invalidated, or gone although this store's relays
+    /// read it before.
     #[must_use]
     pub fn on_lost_slot(mut self, policy: LostSlot) -> Self {
         self.on_lost_slot = policy;
+        self
+    }
+
+    /// The limits a message must keep to be published, as
+    /// [`PgMessageOutbox::enqueue`] checks them (default [`Limits::new`]): a message
+    /// that breaks them (written by a producer that did not check, such as a direct
+    /// `pg_logical_emit_message` or an `INSERT`) is dead-lettered with the rule it
+    /// broke. Give the relay the limits its producers use.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
         self
     }
 

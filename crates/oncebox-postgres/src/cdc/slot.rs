@@ -31,20 +31,51 @@ pub struct SlotStats {
     pub wal_status: String,
 }
 
-/// What the relay does when it finds its slot invalidated (`wal_status = 'lost'`: the
-/// server removed WAL the slot still needed, because `max_slot_wal_keep_size` was
-/// exceeded).
+/// What the relay does when it finds its slot *lost*: invalidated (`wal_status =
+/// 'lost'`: the server removed WAL the slot still needed, because
+/// `max_slot_wal_keep_size` was exceeded), or gone although this store's relays read it
+/// before (a failover to a standby, which carries no logical slot before PostgreSQL 17;
+/// a slot dropped while a relay stood by). Either way, what was committed between the
+/// slot's last confirmed position and now cannot be read from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LostSlot {
-    /// Stop with an error that says what happened (the default): an operator decides.
+    /// Refuse to start, with an error that names the range of positions that may be
+    /// lost (the default): an operator decides.
     #[default]
     Fail,
-    /// Drop the slot, create it again and go on from the current WAL position. Messages
-    /// committed between the last confirmed position and now are not published by the
+    /// Log that range, count it in `oncebox_cdc_lost_slots_total` and
+    /// `oncebox_cdc_lost_wal_bytes_total`, create the slot again and go on from the
+    /// current WAL position. Messages committed in the range are not published by the
     /// relay: in table mode their rows are still in the outbox table (a polling relay,
     /// `oncebox relay` with `mode = "poll"`, publishes them); in message mode they are
     /// lost.
     Recreate,
+}
+
+/// A lost slot: the range of WAL positions whose messages it can no longer hand out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostRange {
+    /// The slot's name.
+    pub slot: String,
+    /// Why it is lost: `"invalidated"` or `"gone"`.
+    pub why: &'static str,
+    /// The last position known to be confirmed (PostgreSQL's `X/X` form).
+    pub from: String,
+    /// The server's WAL position when the loss was found.
+    pub to: String,
+    /// The bytes of WAL between the two.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for LostRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "replication slot {:?} is {}: messages committed between WAL positions {} and {} \
+             ({} bytes of WAL) may be lost",
+            self.slot, self.why, self.from, self.to, self.bytes
+        )
+    }
 }
 
 /// The error for a server whose `wal_level` is not `logical`.
@@ -112,52 +143,171 @@ pub(crate) async fn ensure_publication(
     )
 }
 
+/// The store's record of the slots its relays read (`<schema>.cdc_slots`), and the
+/// position each was last confirmed at.
+pub(crate) struct Records<'t> {
+    table: &'t str,
+}
+
+impl<'t> Records<'t> {
+    pub(crate) fn new(table: &'t str) -> Self {
+        Self { table }
+    }
+
+    /// The slot's remembered position, if the store remembers it.
+    async fn get(&self, pool: &PgPool, slot: &str) -> Result<Option<String>> {
+        let select = format!(
+            "SELECT confirmed_lsn::text FROM {} WHERE slot = $1",
+            self.table
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(select))
+            .bind(slot)
+            .fetch_optional(pool)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Remembers the slot at its present confirmed position: `keep` keeps a position
+    /// already remembered, else it is replaced (a slot made anew).
+    async fn set_from_slot(&self, pool: &PgPool, slot: &str, keep: bool) -> Result<()> {
+        let conflict = match keep {
+            true => "DO NOTHING",
+            false => "DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()",
+        };
+        let upsert = format!(
+            "INSERT INTO {} (slot, confirmed_lsn) \
+             SELECT slot_name, coalesce(confirmed_flush_lsn, restart_lsn, pg_current_wal_lsn()) \
+             FROM pg_replication_slots WHERE slot_name = $1 \
+             ON CONFLICT (slot) {conflict}",
+            self.table
+        );
+        sqlx::query(sqlx::AssertSqlSafe(upsert))
+            .bind(slot)
+            .execute(pool)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Remembers that the slot was confirmed up to `confirmed` (a position never moves
+    /// back).
+    pub(crate) async fn advance(
+        &self,
+        pool: &PgPool,
+        slot: &str,
+        confirmed: pgwire_replication::Lsn,
+    ) -> Result<()> {
+        let upsert = format!(
+            "INSERT INTO {table} (slot, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
+             ON CONFLICT (slot) DO UPDATE SET \
+             confirmed_lsn = greatest({table}.confirmed_lsn, EXCLUDED.confirmed_lsn), \
+             updated_at = now()",
+            table = self.table
+        );
+        sqlx::query(sqlx::AssertSqlSafe(upsert))
+            .bind(slot)
+            .bind(confirmed.to_string())
+            .execute(pool)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+}
+
 /// Creates the slot if it does not exist, and checks one that does: `pgoutput`, in this
-/// database, not invalidated (else `lost` decides).
-pub(crate) async fn ensure_slot(pool: &PgPool, slot: &str, lost: LostSlot) -> Result<()> {
+/// database, not lost (else `lost` decides; see [`LostSlot`]). The store remembers every
+/// slot that exists after this call. Returns the range a re-created slot lost.
+pub(crate) async fn ensure_slot(
+    pool: &PgPool,
+    slot: &str,
+    lost: LostSlot,
+    records: &Records<'_>,
+) -> Result<Option<LostRange>> {
     let found = sqlx::query(
         "SELECT plugin::text, database::text = current_database() AS here, \
-                coalesce(wal_status, '') AS wal_status \
+                coalesce(wal_status, '') AS wal_status, \
+                coalesce(confirmed_flush_lsn, restart_lsn)::text AS confirmed \
          FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(pool)
     .await
     .map_err(store_error)?;
-    if let Some(row) = found {
-        let plugin: Option<String> = row.get("plugin");
-        let here: Option<bool> = row.get("here");
-        let wal_status: String = row.get("wal_status");
-        if plugin.as_deref() != Some("pgoutput") || here != Some(true) {
-            return Err(Error::InvalidOptions(format!(
-                "replication slot {slot:?} exists but is not a pgoutput slot of this \
-                 database (plugin {plugin:?}): name another slot"
-            )));
-        }
-        if wal_status != "lost" {
-            return Ok(());
-        }
-        match lost {
-            LostSlot::Fail => {
-                return Err(Error::store_permanent(format!(
-                    "replication slot {slot:?} was invalidated (wal_status 'lost': \
-                     max_slot_wal_keep_size was exceeded while nobody read it), so \
-                     messages committed since its confirmed position cannot be read \
-                     from it; drop it (`oncebox outbox cdc-drop`) or let the relay \
-                     recreate it (on_lost_slot = \"recreate\"), knowing what is lost"
+    let lost_from = match found {
+        Some(row) => {
+            let plugin: Option<String> = row.get("plugin");
+            let here: Option<bool> = row.get("here");
+            let wal_status: String = row.get("wal_status");
+            if plugin.as_deref() != Some("pgoutput") || here != Some(true) {
+                return Err(Error::InvalidOptions(format!(
+                    "replication slot {slot:?} exists but is not a pgoutput slot of this \
+                     database (plugin {plugin:?}): name another slot"
                 )));
             }
-            LostSlot::Recreate => {
-                tracing::error!(
-                    slot,
-                    "the replication slot was invalidated: recreating it; messages \
-                     committed since its confirmed position are not published by this \
-                     relay (in table mode their rows are still in the outbox table)"
-                );
-                drop_slot(pool, slot).await?;
+            if wal_status != "lost" {
+                records.set_from_slot(pool, slot, true).await?;
+                return Ok(None);
             }
+            let confirmed: Option<String> = row.get("confirmed");
+            let remembered = records.get(pool, slot).await?;
+            ("invalidated", remembered.or(confirmed))
+        }
+        None => match records.get(pool, slot).await? {
+            Some(remembered) => ("gone", Some(remembered)),
+            None => {
+                create_slot(pool, slot).await?;
+                records.set_from_slot(pool, slot, false).await?;
+                return Ok(None);
+            }
+        },
+    };
+    let range = lost_range(pool, slot, lost_from).await?;
+    match lost {
+        LostSlot::Fail => Err(Error::store_permanent(format!(
+            "{range}. The relay does not create the slot again over them: find what was \
+             committed in that range (in table mode, the pending rows of the outbox table, \
+             which a polling relay publishes), then start the relay once with \
+             on_lost_slot = \"recreate\", which creates the slot again at the current \
+             position and counts the loss"
+        ))),
+        LostSlot::Recreate => {
+            tracing::error!(
+                slot,
+                lost = %range,
+                "CDC relay: the replication slot was lost; creating it again at the current \
+                 position (in table mode the range's rows are still in the outbox table)"
+            );
+            drop_slot(pool, slot).await?;
+            create_slot(pool, slot).await?;
+            records.set_from_slot(pool, slot, false).await?;
+            Ok(Some(range))
         }
     }
+}
+
+async fn lost_range(
+    pool: &PgPool,
+    slot: &str,
+    (why, from): (&'static str, Option<String>),
+) -> Result<LostRange> {
+    let row = sqlx::query(
+        "SELECT pg_current_wal_lsn()::text AS now, \
+                greatest(coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn), 0), 0)::bigint AS bytes",
+    )
+    .bind(from.as_deref())
+    .fetch_one(pool)
+    .await
+    .map_err(store_error)?;
+    Ok(LostRange {
+        slot: slot.to_owned(),
+        why,
+        from: from.unwrap_or_else(|| "(unknown)".into()),
+        to: row.get("now"),
+        bytes: row.get::<i64, _>("bytes").unsigned_abs(),
+    })
+}
+
+async fn create_slot(pool: &PgPool, slot: &str) -> Result<()> {
     ignore_duplicate(
         sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
             .bind(slot)

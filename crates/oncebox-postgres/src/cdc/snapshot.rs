@@ -1,12 +1,13 @@
-//! Which transactions were already visible when a session began.
+//! Which transactions other sessions can see.
 //!
-//! In table mode a published row is deleted before its commit is confirmed. A delete
-//! that finds no row has two causes: the inserting transaction is committed in the WAL
-//! but not yet visible to other sessions (it becomes so a moment later: try again), or
-//! a reader before this one published and deleted the row but died before confirming
-//! (the row is gone for good: nothing to wait for). The session's starting snapshot
-//! tells them apart: a transaction visible in it was committed, and visible, before
-//! this reader read anything.
+//! Logical decoding hands a commit out as soon as its record is in the WAL, a moment
+//! before the transaction becomes visible to other sessions; with synchronous
+//! replication, that moment lasts until a standby acknowledged the commit, and if the
+//! primary fails first, the standby that takes over never had the transaction. A commit
+//! is therefore published only once a snapshot of the server shows it ended: "published
+//! iff committed" holds for every commit that anyone could have seen. One snapshot
+//! covers every commit that ended before it was taken, so a relay catching up on a
+//! backlog takes one per window of commits, not one per commit.
 
 use std::collections::HashSet;
 
@@ -15,16 +16,16 @@ use sqlx::PgPool;
 
 use crate::error::store_error;
 
-/// `pg_current_snapshot()` as taken when a session began.
+/// `pg_current_snapshot()`: which transactions had ended when it was taken.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct StartSnapshot {
+pub(crate) struct Snapshot {
     /// Every transaction id below this one had ended.
     xmax: u64,
     /// The transactions below `xmax` still running.
     running: HashSet<u64>,
 }
 
-impl StartSnapshot {
+impl Snapshot {
     /// The server's current snapshot.
     pub(crate) async fn take(pool: &PgPool) -> Result<Self> {
         let text: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
@@ -52,9 +53,9 @@ impl StartSnapshot {
     }
 
     /// Whether the committed top-level transaction `xid` (the 32-bit id pgoutput sends)
-    /// was visible in the snapshot. Its 64-bit id is the one nearest to `xmax`:
+    /// had ended, and so was visible, when the snapshot was taken. Its 64-bit id is the one nearest to `xmax`:
     /// PostgreSQL never lets live ids drift 2³¹ apart.
-    pub(crate) fn saw(&self, xid: u32) -> bool {
+    pub(crate) fn shows(&self, xid: u32) -> bool {
         // The truncation is the point: the 32-bit distance from xmax, read as signed.
         #[allow(clippy::cast_possible_truncation)]
         let distance = xid.wrapping_sub(self.xmax as u32) as i32;
@@ -72,37 +73,40 @@ mod tests {
 
     #[test]
     fn ended_transactions_below_xmax_were_visible() {
-        let snapshot = StartSnapshot::parse("100:105:100,102").expect("a snapshot");
-        assert!(snapshot.saw(99));
-        assert!(!snapshot.saw(100), "still running");
-        assert!(snapshot.saw(101));
-        assert!(!snapshot.saw(102), "still running");
-        assert!(snapshot.saw(104));
-        assert!(!snapshot.saw(105), "began at or after xmax");
-        assert!(!snapshot.saw(4_000));
+        let snapshot = Snapshot::parse("100:105:100,102").expect("a snapshot");
+        assert!(snapshot.shows(99));
+        assert!(!snapshot.shows(100), "still running");
+        assert!(snapshot.shows(101));
+        assert!(!snapshot.shows(102), "still running");
+        assert!(snapshot.shows(104));
+        assert!(!snapshot.shows(105), "began at or after xmax");
+        assert!(!snapshot.shows(4_000));
     }
 
     #[test]
     fn ids_are_compared_across_the_32_bit_wraparound() {
         // xmax just past an epoch boundary: 2^32 + 5.
-        let snapshot = StartSnapshot::parse("4294967290:4294967301:").expect("a snapshot");
-        assert!(snapshot.saw(u32::MAX - 3), "the previous epoch's last ids");
-        assert!(snapshot.saw(4));
-        assert!(!snapshot.saw(5));
-        assert!(!snapshot.saw(6));
+        let snapshot = Snapshot::parse("4294967290:4294967301:").expect("a snapshot");
+        assert!(
+            snapshot.shows(u32::MAX - 3),
+            "the previous epoch's last ids"
+        );
+        assert!(snapshot.shows(4));
+        assert!(!snapshot.shows(5));
+        assert!(!snapshot.shows(6));
     }
 
     #[test]
     fn a_young_cluster_has_no_ids_below_zero() {
-        let snapshot = StartSnapshot::parse("3:3:").expect("a snapshot");
-        assert!(snapshot.saw(2));
-        assert!(!snapshot.saw(u32::MAX), "would lie below id 0");
+        let snapshot = Snapshot::parse("3:3:").expect("a snapshot");
+        assert!(snapshot.shows(2));
+        assert!(!snapshot.shows(u32::MAX), "would lie below id 0");
     }
 
     #[test]
     fn malformed_text_is_refused() {
         for text in ["", "1:2", "1:2:x", "1:2:3:4", "a:2:"] {
-            assert_eq!(StartSnapshot::parse(text), None, "{text:?}");
+            assert_eq!(Snapshot::parse(text), None, "{text:?}");
         }
     }
 }

@@ -65,13 +65,35 @@ impl PgOutbox {
             .collect()
     }
 
-    /// Puts the dead message `id` back in line: pending, due now, attempts reset to 0
-    /// (its last error is kept). Returns whether a dead message with that id was found.
+    /// Puts the dead message `id` back in line to be published again. Returns whether a
+    /// dead message with that id was found (and replayed).
     ///
-    /// The row keeps its place in commit order, so it is published before the later
-    /// pending messages of its key, which wait for it; later messages of its key that
-    /// were published while it was dead stay published before it. The key is never on
-    /// two relays at once:
+    /// What that does depends on the relay that gave it up:
+    ///
+    /// - **the polling relay** (and every Debezium-style table): the row becomes pending,
+    ///   due now, attempts reset to 0, its last error kept, in its place (below);
+    /// - **the log-tailing relay, table source** (`cdc_source = 'table'`): it reads
+    ///   inserts only, so the row is deleted and inserted again as a new pending row
+    ///   (same id and message, a new `seq`, attempts 0, its last error kept): the relay
+    ///   publishes it and deletes it;
+    /// - **the log-tailing relay, message source** (`cdc_source = 'messages'`): the row
+    ///   is deleted and its message emitted again as a logical decoding message
+    ///   (`<schema>.emit_message`: the same id and creation time), which the relay
+    ///   publishes. Content the relay could not read (kept under an empty topic, with
+    ///   an id of its own) is emitted again as it is: a message that was emitted with
+    ///   `transactional = false` is then published under the id in its content, and
+    ///   content that is not an oncebox message becomes a dead letter again.
+    ///
+    /// The log-tailing relay publishes a replayed message after what it read before the
+    /// replay committed (it does not hold a key back behind a dead message, so nothing
+    /// of its key waits for it), and only if its slot exists: a message emitted while
+    /// the slot does not exist is never read. If the broker refuses it again, the relay
+    /// writes a new dead letter of it.
+    ///
+    /// A row of the polling relay keeps its place in commit order, so it is published
+    /// before the later pending messages of its key, which wait for it; later messages
+    /// of its key that were published while it was dead stay published before it. The
+    /// key is never on two relays at once:
     ///
     /// - the replay takes the hold lock exclusively, so it waits for every held claim on
     ///   the table in flight (each until its rows are settled, at most its lease) and
@@ -96,13 +118,32 @@ impl PgOutbox {
             .execute(&mut *tx)
             .await
             .map_err(store_error)?;
-        let result = query(&self.sql().replay)
-            .bind(id.to_string())
+        let id = id.to_string();
+        let mut replayed = query(&self.sql().replay)
+            .bind(&id)
             .execute(&mut *tx)
             .await
-            .map_err(store_error)?;
+            .map_err(store_error)?
+            .rows_affected()
+            > 0;
+        if let (false, Some(cdc)) = (replayed, &self.sql().replay_cdc) {
+            replayed = query(&cdc.table)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(store_error)?
+                .rows_affected()
+                > 0;
+            if !replayed {
+                let emitted = query(&cdc.messages)
+                    .bind(&id)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(store_error)?;
+                replayed = !emitted.is_empty();
+            }
+        }
         tx.commit().await.map_err(store_error)?;
-        let replayed = result.rows_affected() > 0;
         if replayed {
             self.wake();
         }

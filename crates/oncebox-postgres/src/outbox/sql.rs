@@ -27,8 +27,11 @@ pub(crate) struct OutboxSql {
     /// Takes the claim lock and the hold lock, exclusively: replay is serialised with
     /// leased claims, and waits for held claims in flight.
     pub(crate) lock: Arc<str>,
-    /// `$1` id.
+    /// `$1` id: puts a dead row back to pending in its place (for oncebox's own table,
+    /// only a row of the polling relay: `cdc_source` NULL).
     pub(crate) replay: Arc<str>,
+    /// The replays of the log-tailing relay's dead rows (oncebox's own table only).
+    pub(crate) replay_cdc: Option<CdcReplaySql>,
     pub(crate) stats: Arc<str>,
     /// `stats` without the count of done rows.
     pub(crate) backlog: Arc<str>,
@@ -59,6 +62,19 @@ pub(crate) struct OutboxSql {
     pub(crate) topic_prefix: Option<String>,
     /// The payload must be JSON.
     pub(crate) json_payload: bool,
+}
+
+/// The replays of the log-tailing relay's dead rows, whose sources read no update: `$1`
+/// the id. Each touches only a dead row of its source (`cdc_source`).
+pub(crate) struct CdcReplaySql {
+    /// Deletes the dead row of the table source and inserts it again as a new pending
+    /// row (a fresh `seq`, attempts 0, its last error kept), whose insert the relay
+    /// reads.
+    pub(crate) table: Arc<str>,
+    /// Deletes the dead row of the message source and emits its message again
+    /// (`emit_message`: its id, its creation time), or, for content the relay could not
+    /// read (kept under an empty topic), that content as it is: a row per emission.
+    pub(crate) messages: Arc<str>,
 }
 
 /// The listing of rows ([`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows)),
@@ -125,11 +141,74 @@ RETURNING seq",
         enqueue_notify: enqueue(Some(&channel)).into(),
         enqueue_batch: batch::statement(&batch, None).into(),
         enqueue_batch_notify: batch::statement(&batch, Some(&channel)).into(),
+        replay: replay(&layout, " AND t.cdc_source IS NULL").into(),
+        replay_cdc: Some(cdc_replay(schema, &table)),
         channel,
         topic_prefix: None,
         json_payload: false,
         ..admin(&layout, "t.topic", "t.created_at")
     }
+}
+
+/// The replays of the log-tailing relay's dead rows in oncebox's own table `table` of
+/// `schema`.
+fn cdc_replay(schema: &str, table: &str) -> CdcReplaySql {
+    let message = "id, topic, key, kind, headers, payload, created_at";
+    let dead = |source: &str, returning: &str| {
+        format!(
+            "DELETE FROM {table}
+  WHERE id = $1::uuid AND status = 'dead' AND cdc_source = '{source}'
+  RETURNING {returning}"
+        )
+    };
+    CdcReplaySql {
+        table: format!(
+            "WITH dead AS ({delete})
+INSERT INTO {table} ({message}, last_error)
+SELECT {message}, last_error FROM dead",
+            delete = dead("table", &format!("{message}, last_error")),
+        )
+        .into(),
+        // The prefix is `cdc::message_prefix`'s, which the relay reads.
+        messages: format!(
+            "WITH dead AS ({delete})
+SELECT CASE WHEN d.topic = ''
+  THEN pg_logical_emit_message(true, {prefix}, d.payload)::text
+  ELSE {emit}(d.id, d.topic, d.key, d.kind, d.headers, d.payload, d.created_at)::text
+  END AS emitted
+FROM dead AS d",
+            delete = dead("messages", message),
+            prefix = literal(&format!("{schema}.outbox")),
+            emit = qualified(schema, "emit_message"),
+        )
+        .into(),
+    }
+}
+
+/// Puts the dead row `$1` of `layout`'s table back to pending, due now, attempts 0, in
+/// its place; `only` narrows the rows it may touch (` AND …` over alias `t`). A row
+/// whose key has later rows under a live lease gets a lease without a holder until the
+/// last of them ends, so no second relay takes the key meanwhile.
+fn replay(layout: &Layout, only: &str) -> String {
+    let c = &layout.col;
+    format!(
+        "UPDATE {t} AS t
+SET {status} = 'pending', {attempts} = 0, {available_at} = statement_timestamp(),
+    {dead_at} = NULL, {lease_token} = NULL,
+    {lease_until} = (
+      SELECT max(p.{lease_until}) FROM {t} AS p
+      WHERE p.{key} = t.{key} AND p.{status} = 'pending'
+        AND p.{lease_until} > statement_timestamp())
+WHERE t.id = $1::uuid AND t.{status} = 'dead'{only}",
+        t = layout.table,
+        status = c.status,
+        attempts = c.attempts,
+        available_at = c.available_at,
+        dead_at = c.dead_at,
+        lease_token = c.lease_token,
+        lease_until = c.lease_until,
+        key = c.key,
+    )
 }
 
 /// The names of a Debezium-style table.
@@ -292,24 +371,8 @@ FROM {t} AS t",
             key = lock_key(layout, 1)
         )
         .into(),
-        replay: format!(
-            "UPDATE {t} AS t
-SET {status} = 'pending', {attempts} = 0, {available_at} = statement_timestamp(),
-    {dead_at} = NULL, {lease_token} = NULL,
-    {lease_until} = (
-      SELECT max(p.{lease_until}) FROM {t} AS p
-      WHERE p.{key} = t.{key} AND p.{status} = 'pending'
-        AND p.{lease_until} > statement_timestamp())
-WHERE t.id = $1::uuid AND t.{status} = 'dead'",
-            status = c.status,
-            attempts = c.attempts,
-            available_at = c.available_at,
-            dead_at = c.dead_at,
-            lease_token = c.lease_token,
-            lease_until = c.lease_until,
-            key = c.key,
-        )
-        .into(),
+        replay: replay(layout, "").into(),
+        replay_cdc: None,
         stats: format!(
             "SELECT
   (SELECT count(*) FROM {t} WHERE {status} = 'done') AS done,

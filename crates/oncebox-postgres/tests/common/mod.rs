@@ -9,6 +9,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "cdc")]
+pub mod cdc;
+
 use std::time::Duration;
 
 use oncebox_core::Message;
