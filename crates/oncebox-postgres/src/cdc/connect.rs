@@ -28,7 +28,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 /// |---|---|
 /// | `disable` | no TLS; no certificate is read |
 /// | `allow` | TLS when the server offers it, else none (as `prefer`: the replication client has no `allow`, and TLS when offered is at least as safe) |
-/// | `prefer`, and no `sslmode` | TLS when the server offers it, else none; the server's certificate is not checked |
+/// | `prefer`, and no `sslmode` | TLS when the server offers it, else none; the server's certificate is not checked, and a failed handshake is an error, not a fall back to plain |
 /// | `require` | TLS or no connection; the server's certificate is not checked |
 /// | `verify-ca` | TLS, the server's certificate checked against `sslrootcert` (or the Mozilla roots without one) |
 /// | `verify-full` | as `verify-ca`, and the certificate must name the host |
