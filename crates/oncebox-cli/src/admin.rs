@@ -37,7 +37,9 @@ pub(crate) enum OutboxCommand {
         json: bool,
     },
     /// Drops the log-tailing relay's replication slot and publication (`[cdc]`), so that
-    /// the slot keeps no more WAL. Stop the relays reading it first.
+    /// the slot keeps no more WAL. Stop the relays reading it first. The store still
+    /// remembers the slot: a relay started on it later refuses, since what the slot held
+    /// is gone, unless `on_lost_slot = "recreate"`.
     DropSlot,
     /// One row: its status, attempts, last error, times, and its message.
     Show {
@@ -205,7 +207,8 @@ pub(crate) async fn outbox(config: &Config, command: OutboxCommand) -> anyhow::R
             let publication = config.cdc.publication.as_deref().unwrap_or(options.slot());
             store.drop_cdc(options.slot(), publication).await?;
             println!(
-                "dropped slot {} and publication {publication}",
+                "dropped slot {} and publication {publication}; a relay started on this slot \
+                 refuses unless on_lost_slot = \"recreate\" (what the slot held is gone)",
                 options.slot()
             );
         }

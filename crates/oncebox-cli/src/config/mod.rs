@@ -205,11 +205,12 @@ pub(crate) enum CdcSource {
     Table,
 }
 
-/// What the relay does with an invalidated slot.
+/// What the relay does with a lost slot: invalidated, or gone although the store
+/// remembers reading it (a failover, a drop).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum LostSlotPolicy {
-    /// Stop with an error.
+    /// Refuse to start, naming the range of WAL positions that may be lost.
     #[default]
     Fail,
     /// Drop and recreate it, saying what may be lost.
