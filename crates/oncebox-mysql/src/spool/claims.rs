@@ -228,7 +228,11 @@ impl SpoolTable {
             self.record_claim(script, token, until, seqs);
             return None;
         }
-        script.push(&self.sql.lock_taken, as_read, &[]);
+        let lock = self
+            .sql
+            .lock_taken
+            .replace(sql::SEQ_RUNS, &sql::seq_runs(as_read));
+        script.push(&lock, &[], &[]);
         script.push(
             &self.sql.record_claim_if_locked,
             &[],
