@@ -248,9 +248,13 @@ pub(crate) async fn ensure_slot(
                 records.set_from_slot(pool, slot, true).await?;
                 return Ok(None);
             }
+            // The slot's own position is the latest; the store's is a fallback.
             let confirmed: Option<String> = row.get("confirmed");
-            let remembered = records.get(pool, slot).await?;
-            ("invalidated", remembered.or(confirmed))
+            let confirmed = match confirmed {
+                Some(confirmed) => Some(confirmed),
+                None => records.get(pool, slot).await?,
+            };
+            ("invalidated", confirmed)
         }
         None => match records.get(pool, slot).await? {
             Some(remembered) => ("gone", Some(remembered)),
