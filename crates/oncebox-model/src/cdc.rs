@@ -2,12 +2,13 @@
 //! the relay may confirm, so that a restart re-reads everything the broker has not
 //! confirmed, and an idle outbox does not pin the WAL.
 //!
-//! The relay's side is `crates/oncebox-postgres/src/cdc/relay.rs` (`Session::read` on
+//! The relay's side is `crates/oncebox-postgres/src/cdc/session.rs` (`Session::read` on
 //! Begin, Message and Commit events, `Session::start`, `Session::settle` after the
-//! broker's confirm, `Session::confirm` → `update_applied_lsn`) and its bookkeeping
-//! `crates/oncebox-postgres/src/cdc/progress.rs` (`Progress`: `begin`, `add`, `commit`,
-//! `done`, `advance`), mirrored here by [`Progress`]. The modelled rule is messages
-//! mode's: a position is confirmed as soon as it is confirmable.
+//! broker's confirm, `Session::advance`, `Session::confirm` → `update_applied_lsn`) and
+//! its bookkeeping `crates/oncebox-postgres/src/cdc/progress.rs` (`Progress`: `begin`,
+//! `add`, `commit`, `done`, `advance`), mirrored here by [`Progress`]. The modelled rule
+//! is messages mode's: a position is confirmed as soon as it is confirmable, which
+//! happens when a publish settles and when a Commit is read.
 //!
 //! A position is a commit count: the end of the WAL's commit `c` is position `c + 1`,
 //! and a slot confirmed at `p` hands a new reader the commits from `p` on.
@@ -19,7 +20,8 @@ use stateright::{Model, Property};
 pub enum CdcBug {
     /// The confirmable position is recomputed (`Progress::advance`) only when a publish
     /// settles, never when a Commit is read: a commit with no messages read after the
-    /// last settlement is never confirmed (an idle outbox pins the WAL).
+    /// last settlement is never confirmed (an idle outbox pins the WAL). The relay's
+    /// rule until its Commit event called `Session::advance` too.
     ConfirmOnlyOnSettle,
     /// A commit is confirmed as soon as its Commit is read, before the broker confirmed
     /// its messages.
@@ -447,7 +449,7 @@ impl CdcModel {
     }
 
     /// The broker confirms a message in flight: `Session::settle` moves its key on,
-    /// `progress.done`, then `advance` and `confirm`.
+    /// `progress.done`, then `Session::advance` (and `confirm`).
     fn settle(&self, state: &mut CdcState, commit: u8, index: u8) -> Option<()> {
         let at = state
             .session
