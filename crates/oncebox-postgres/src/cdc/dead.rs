@@ -17,10 +17,12 @@ use crate::error::store_error;
 
 /// The statements, built once for the outbox table.
 pub(crate) struct DeadLetters {
-    /// A message that has no row (message mode): inserted dead, unless its id is
-    /// already there (a dead letter written again after a crash).
+    /// A message that has no row (message mode): inserted dead, marked as the message
+    /// source's (a replay emits it again), unless its id is already there (a dead
+    /// letter written again after a crash).
     insert: String,
-    /// A row of the table (table mode): marked dead.
+    /// A row of the table (table mode): marked dead, as the table source's (a replay
+    /// inserts it again).
     mark: String,
     attempts: i32,
 }
@@ -33,9 +35,9 @@ impl DeadLetters {
         Self {
             insert: format!(
                 "INSERT INTO {table} (id, topic, key, kind, headers, payload, created_at, \
-                 status, attempts, last_error, dead_at) \
+                 status, attempts, last_error, dead_at, cdc_source) \
                  VALUES ($1::uuid, $2, $3, $4, $5::jsonb, $6, \
-                 to_timestamp($7::float8 / 1e6), 'dead', $8, $9, now()) \
+                 to_timestamp($7::float8 / 1e6), 'dead', $8, $9, now(), 'messages') \
                  ON CONFLICT (id) DO NOTHING"
             ),
             mark: format!(
