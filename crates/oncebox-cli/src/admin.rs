@@ -39,8 +39,13 @@ pub(crate) enum OutboxCommand {
     /// Drops the log-tailing relay's replication slot and publication (`[cdc]`), so that
     /// the slot keeps no more WAL. Stop the relays reading it first. The store still
     /// remembers the slot: a relay started on it later refuses, since what the slot held
-    /// is gone, unless `on_lost_slot = "recreate"`.
-    DropSlot,
+    /// is gone, unless `on_lost_slot = "recreate"` or the slot was dropped with `--forget`.
+    DropSlot {
+        /// Retire the slot for good: forget it too, so that a relay started on the name
+        /// later creates a fresh slot instead of refusing to.
+        #[arg(long)]
+        forget: bool,
+    },
     /// One row: its status, attempts, last error, times, and its message.
     Show {
         /// The message id.
@@ -199,18 +204,24 @@ pub(crate) async fn outbox(config: &Config, command: OutboxCommand) -> anyhow::R
                 }
             }
         }
-        OutboxCommand::DropSlot => {
+        OutboxCommand::DropSlot { forget } => {
             let Database::Postgres(store) = &database else {
                 anyhow::bail!("replication slots are PostgreSQL's: store.url is not postgres://");
             };
             let options = config.cdc_options()?;
-            let publication = config.cdc.publication.as_deref().unwrap_or(options.slot());
-            store.drop_cdc(options.slot(), publication).await?;
-            println!(
-                "dropped slot {} and publication {publication}; a relay started on this slot \
-                 refuses unless on_lost_slot = \"recreate\" (what the slot held is gone)",
-                options.slot()
-            );
+            let slot = options.slot();
+            let publication = config.cdc.publication.as_deref().unwrap_or(slot);
+            store.drop_cdc(slot, publication).await?;
+            if forget {
+                store.forget_cdc(slot).await?;
+                println!("dropped slot {slot} and publication {publication}, and forgot the slot");
+            } else {
+                println!(
+                    "dropped slot {slot} and publication {publication}; a relay started on \
+                     this slot refuses unless on_lost_slot = \"recreate\" (what the slot \
+                     held is gone), or drop it with --forget to retire it for good"
+                );
+            }
         }
         OutboxCommand::Show { id, json } => {
             let id = parse_id(&id)?;

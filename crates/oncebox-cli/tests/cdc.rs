@@ -256,6 +256,16 @@ status_interval = "100ms"
         )),
         "0"
     );
+    // The store remembers the dropped slot (a relay started on it refuses) until it is
+    // retired with --forget.
+    let remembered = || {
+        psql(&format!(
+            "SELECT count(*) FROM {schema}.cdc_slots WHERE slot = '{slot}'"
+        ))
+    };
+    assert_eq!(remembered(), "1");
+    run_ok(&config, &["outbox", "drop-slot", "--forget"]);
+    assert_eq!(remembered(), "0");
 
     match broker {
         Broker::Nats => {

@@ -171,7 +171,7 @@ async fn a_vanished_slot_is_not_created_again_silently() {
     let task = spawn(relay(
         &db,
         recorder.clone(),
-        options.on_lost_slot(LostSlot::Recreate),
+        options.clone().on_lost_slot(LostSlot::Recreate),
     ));
     eventually("the slot to be created again", || async {
         let slots = db
@@ -188,6 +188,27 @@ async fn a_vanished_slot_is_not_created_again_silently() {
         published[1].payload, "a:2",
         "a:1 was committed while the slot was gone"
     );
+    task.abort();
+    let _ = task.await;
+
+    // A slot retired on purpose: dropped and forgotten, a relay starts afresh on it.
+    eventually("the slot to be let go", || async {
+        db.store.drop_cdc(&slot.name, &slot.name).await.ok()
+    })
+    .await;
+    assert!(db.store.forget_cdc(&slot.name).await.expect("forgotten"));
+    assert!(!db.store.forget_cdc(&slot.name).await.expect("no error"));
+    let task = started(&db, recorder.clone(), options).await;
+    emit(&db, &[keyed("a", 3)], true).await;
+    eventually("a fresh slot's first message", || async {
+        recorder
+            .published()
+            .iter()
+            .any(|m| m.payload == "a:3")
+            .then_some(())
+    })
+    .await;
+    assert!(!task.is_finished(), "the relay runs");
     task.abort();
 }
 

@@ -420,6 +420,12 @@ impl PgStore {
     /// Drops a CDC relay's slot and publication (both if present). A slot a relay is
     /// reading cannot be dropped: stop the relay first.
     ///
+    /// The store still remembers the slot: a relay started on it later refuses, as for
+    /// any lost slot, since what the slot held is gone (a relay that stood by while the
+    /// slot was dropped must not create it again silently). To retire the slot for good,
+    /// so that a relay started on the name later creates a fresh one, call
+    /// [`forget_cdc`](Self::forget_cdc) too.
+    ///
     /// # Errors
     ///
     /// A store error, such as the server's refusal to drop an active slot.
@@ -429,5 +435,19 @@ impl PgStore {
             .validate()?;
         slot::drop_slot(self.pool(), slot).await?;
         slot::drop_publication(self.pool(), publication).await
+    }
+
+    /// Forgets that this store's relays read `slot`: a relay started on the name later
+    /// creates a fresh slot instead of refusing to. Returns whether the store remembered
+    /// it. Call it after [`drop_cdc`](Self::drop_cdc) when a slot is retired on purpose.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a slot name that is not valid; a store error.
+    pub async fn forget_cdc(&self, slot: &str) -> Result<bool> {
+        CdcOptions::messages(slot).validate()?;
+        slot::Records::new(&crate::ident::qualified(self.schema(), "cdc_slots"))
+            .forget(self.pool(), slot)
+            .await
     }
 }

@@ -189,6 +189,17 @@ impl<'t> Records<'t> {
         Ok(())
     }
 
+    /// Forgets the slot; whether it was remembered.
+    pub(crate) async fn forget(&self, pool: &PgPool, slot: &str) -> Result<bool> {
+        let delete = format!("DELETE FROM {} WHERE slot = $1", self.table);
+        let deleted = sqlx::query(sqlx::AssertSqlSafe(delete))
+            .bind(slot)
+            .execute(pool)
+            .await
+            .map_err(store_error)?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
     /// Remembers that the slot was confirmed up to `confirmed` (a position never moves
     /// back).
     pub(crate) async fn advance(

@@ -159,13 +159,17 @@ RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS head
     }
 
     /// Drops the slot and publication of [`cdc_relay`](Self::cdc_relay), waiting (up to
-    /// 10 s) for the server to let go of a slot whose reader has just stopped.
+    /// 10 s) for the server to let go of a slot whose reader has just stopped, and
+    /// forgets the slot, so that the next side of the bench creates it afresh.
     pub(crate) async fn drop_cdc(&self) -> anyhow::Result<()> {
         let name = self.store.schema();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             match self.store.drop_cdc(name, name).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.store.forget_cdc(name).await?;
+                    return Ok(());
+                }
                 Err(_) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
