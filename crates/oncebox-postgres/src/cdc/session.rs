@@ -24,6 +24,9 @@ use super::{CdcMode, slot};
 /// PostgreSQL's epoch, 2000-01-01, in Unix seconds.
 const PG_EPOCH_SECS: u64 = 946_684_800;
 
+/// How long a commit that is not visible yet is looked at again without a pause.
+const EAGER_LOOKS: Duration = Duration::from_millis(5);
+
 /// The longest wait between two looks at whether a commit became visible.
 const MAX_VISIBILITY_WAIT: Duration = Duration::from_millis(50);
 
@@ -290,12 +293,11 @@ impl<'r, P: Publisher> Session<'r, P> {
         self.visible = Snapshot::take(&self.relay.pool).await?;
         if !self.visible.shows(xid) {
             let now = Instant::now();
-            let wait = Duration::from_millis(1);
             self.invisible = Some(Invisible {
                 xid,
                 since: now,
-                next_look: now + wait,
-                wait,
+                next_look: now,
+                wait: Duration::ZERO,
                 warned: false,
             });
         }
@@ -324,7 +326,13 @@ impl<'r, P: Publisher> Session<'r, P> {
                  waiting for a synchronous standby?); its messages wait until it is"
             );
         }
-        invisible.wait = (invisible.wait * 2).min(MAX_VISIBILITY_WAIT);
+        // A commit usually becomes visible within moments of its WAL flush (a busy
+        // machine may delay the producer's last step by a few milliseconds): look again
+        // at once for a while, then back off (a synchronous standby may take long).
+        invisible.wait = match invisible.since.elapsed() < EAGER_LOOKS {
+            true => Duration::ZERO,
+            false => (invisible.wait * 2).clamp(Duration::from_millis(1), MAX_VISIBILITY_WAIT),
+        };
         invisible.next_look = Instant::now() + invisible.wait;
         Ok(())
     }
