@@ -57,8 +57,9 @@ impl Route {
 
 /// Where the processes connect, before the proxies.
 pub(crate) struct Targets {
-    /// The relays' store URL (their connections named apart, to be terminated).
-    pub(crate) relay_store_url: String,
+    /// Each relay's store URL, by index (their connections named apart, to be
+    /// terminated and, with log-tailing relays, to tell which one reads the slot).
+    pub(crate) relay_store_urls: Vec<String>,
     /// The payment processes' store URL.
     pub(crate) payments_store_url: String,
     /// The broker's URL without its password, when it can be proxied.
@@ -78,15 +79,15 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `relays` relays and `consumers` payment processes of `exe` (this binary)
-    /// on `config`, connecting to `targets` through proxies, logging to `logs`.
+    /// Starts a relay per URL of `targets.relay_store_urls` and `consumers` payment
+    /// processes of `exe` (this binary) on `config`, connecting to `targets` through
+    /// proxies, logging to `logs`.
     pub(crate) async fn start(
         exe: PathBuf,
         config: PathBuf,
         logs: PathBuf,
         topic: String,
         targets: &Targets,
-        relays: usize,
         consumers: usize,
     ) -> anyhow::Result<Self> {
         let mut fleet = Self {
@@ -97,26 +98,26 @@ impl Fleet {
             members: Vec::new(),
             unplanned_exits: 0,
         };
-        for (role, count, store_url) in [
-            (Role::Relay, relays, &targets.relay_store_url),
-            (Role::Consumer, consumers, &targets.payments_store_url),
-        ] {
-            for index in 0..count {
-                let database = Route::to(store_url).await?;
-                let broker = match &targets.broker_url {
-                    Some(url) => Some(Route::to(url).await?),
-                    None => None,
-                };
-                let child = fleet.spawn_with(role, index, &database, broker.as_ref())?;
-                fleet.members.push(Member {
-                    role,
-                    index,
-                    child,
-                    paused_until: None,
-                    database,
-                    broker,
-                });
-            }
+        let relays = targets.relay_store_urls.iter().enumerate();
+        let consumers = (0..consumers).map(|index| (index, &targets.payments_store_url));
+        let members = relays
+            .map(|(index, url)| (Role::Relay, index, url))
+            .chain(consumers.map(|(index, url)| (Role::Consumer, index, url)));
+        for (role, index, store_url) in members {
+            let database = Route::to(store_url).await?;
+            let broker = match &targets.broker_url {
+                Some(url) => Some(Route::to(url).await?),
+                None => None,
+            };
+            let child = fleet.spawn_with(role, index, &database, broker.as_ref())?;
+            fleet.members.push(Member {
+                role,
+                index,
+                child,
+                paused_until: None,
+                database,
+                broker,
+            });
         }
         Ok(fleet)
     }
@@ -150,7 +151,7 @@ impl Fleet {
             command.args(["--broker-url", &broker.url]);
         }
         match role {
-            Role::Relay => command.arg("relay"),
+            Role::Relay | Role::Reader | Role::Standby => command.arg("relay"),
             Role::Consumer => command.args(["chaos-payments", "--topic", &self.topic]),
         };
         command
@@ -335,6 +336,8 @@ pub(crate) fn name(role: Role) -> &'static str {
     match role {
         Role::Relay => "relay",
         Role::Consumer => "payments",
+        Role::Reader => "reader",
+        Role::Standby => "standby",
     }
 }
 

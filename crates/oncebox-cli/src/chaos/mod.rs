@@ -6,30 +6,42 @@
 //!   event in one transaction, at `--rate` orders per second, one writer per share of the
 //!   customers so that each customer's orders commit in order. A commit whose reply was
 //!   lost is recognised, not written twice.
-//! - `--relays` **`oncebox relay`** processes publish the outbox (`FOR UPDATE SKIP
-//!   LOCKED` claims with leases, per-key order).
+//! - `--relays` **`oncebox relay`** processes publish the outbox: with `--relay poll`,
+//!   `FOR UPDATE SKIP LOCKED` claims with leases; with `--relay cdc-messages` or
+//!   `cdc-table`, by tailing the log through one replication slot that one of them reads
+//!   while the others stand by (the order service then emits a logical decoding message,
+//!   or inserts an outbox row, in each order's transaction).
 //! - `--consumers` **payment processes** (`oncebox chaos-payments`) charge each order
 //!   through the transactional inbox, in their own database transaction.
-//! - **Faults**, drawn from `--seed` before the run: SIGKILL of relays and payment
-//!   processes (started again at once), SIGSTOP past the relays' lease then SIGCONT,
-//!   `pg_terminate_backend` of the relays' connections, one process's connections to
+//! - **Faults**, drawn from `--seed` before the run: SIGKILL of relays (with CDC, the
+//!   reader or a standby) and payment processes (started again at once), SIGSTOP past
+//!   the relays' lease then SIGCONT, `pg_terminate_backend` of the relays' connections
+//!   (with CDC, of the slot's walsender too, or alone), one process's connections to
 //!   PostgreSQL or the broker cut, stalled past the lease or slowed (each process reaches
-//!   them through TCP proxies of its own; Kafka's clients follow the addresses of its
-//!   metadata, so only their database link is proxied), and restarts of the broker and
-//!   of PostgreSQL by the commands given (`scripts/services.sh restart nats` …).
+//!   them through TCP proxies of its own, its replication connection too; Kafka's
+//!   clients follow the addresses of its metadata, so only their database link is
+//!   proxied), and restarts of the broker and of PostgreSQL by the commands given
+//!   (`scripts/services.sh restart nats` …).
 //!
 //! The **audit** then counts each order's charges (exactly once, never, twice, charges
 //! of orders never committed) and reads the topic back from the broker in its log order:
 //! every order published, each customer's orders in commit order by their first copy.
-//! The run exits non-zero on any violation. Everything it made (a PostgreSQL schema, the
-//! NATS stream, temporary files) is removed at the end unless `--keep`.
+//! With CDC it also checks that the slot's confirmed position passed the last order's
+//! commit once the run drained (nothing pinned) and, with the table source, that no
+//! published row was left in the table. The run exits non-zero on any violation.
+//! Everything it made (a PostgreSQL schema, the replication slot and its publication,
+//! the NATS stream, temporary files) is removed at the end unless `--keep`.
 
+mod cdc;
 mod fleet;
 mod payments;
 mod plan;
+mod report;
 mod shop;
+mod strike;
+mod topic;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,13 +51,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use oncebox::postgres::PgStore;
-use oncebox::{Delivery as _, Subscriber as _};
-use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
+use cdc::RelayKind;
 pub(crate) use payments::{PaymentsArgs, run as payments};
-use plan::{Fault, PlanSpec};
-use shop::{Ledger, OrderPlaced};
+use plan::PlanSpec;
+use report::{ChaosReport, print};
+use shop::{EventOutbox, OrderPlaced};
+use topic::{create_topic, read_back, remove_topic};
 
 use crate::config::{Config, Overrides};
 use crate::service::backend::Broker;
@@ -61,6 +74,10 @@ const SLOW: Duration = Duration::from_secs(10);
 
 /// Order writers, each owning a share of the customers.
 const WRITERS: u32 = 8;
+
+/// How long a fault that strikes the slot's reader (or its walsender) waits for one,
+/// after a kill or a restart that left none for a moment.
+const READER_WAIT: Duration = Duration::from_secs(5);
 
 /// Flags of `oncebox chaos`.
 #[derive(Debug, Clone, Args)]
@@ -80,19 +97,28 @@ pub(crate) struct ChaosArgs {
     /// Orders placed per second.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     rate: u32,
+    /// How the relays read the outbox: `poll` claims the table's rows; `cdc-messages`
+    /// and `cdc-table` tail PostgreSQL's log through one replication slot (one relay
+    /// reads it, the others stand by), for logical decoding messages the order service
+    /// emits or for the outbox table's inserts.
+    #[arg(long, value_enum, default_value_t = RelayKind::Poll)]
+    relay: RelayKind,
     /// `oncebox relay` processes.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=32))]
     relays: u32,
     /// Payment processes.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=32))]
     consumers: u32,
-    /// SIGKILLs of relays and payment processes, at random instants.
+    /// SIGKILLs of relays and payment processes, at random instants (with `cdc-*`: of
+    /// the reader or a standby).
     #[arg(long, default_value_t = 10)]
     kills: u32,
-    /// SIGSTOPs longer than the relays' lease, then SIGCONT.
+    /// SIGSTOPs longer than the relays' lease, then SIGCONT (with `cdc-*`: of the
+    /// reader or a payment process).
     #[arg(long, default_value_t = 2)]
     pauses: u32,
-    /// `pg_terminate_backend` of every relay connection.
+    /// `pg_terminate_backend` of every relay connection (with `cdc-*`, the walsender
+    /// too; every other termination strikes the walsender alone, the first among them).
     #[arg(long, default_value_t = 2)]
     terminations: u32,
     /// One process's connections to PostgreSQL or the broker dropped, and new ones
@@ -125,84 +151,13 @@ pub(crate) struct ChaosArgs {
     /// Seed of the fault plan (timing still varies from run to run).
     #[arg(long)]
     seed: Option<u64>,
-    /// Keep the schema, the broker's topic and the processes' logs.
+    /// Keep the schema, the broker's topic, the replication slot and the processes'
+    /// logs.
     #[arg(long)]
     keep: bool,
     /// Print one JSON object with the audit on stdout instead of a report.
     #[arg(long)]
     json: bool,
-}
-
-/// The audit of a run.
-#[derive(Debug, Serialize)]
-struct ChaosReport {
-    passed: bool,
-    seed: u64,
-    broker: &'static str,
-    orders: u64,
-    relays: u32,
-    consumers: u32,
-    seconds: f64,
-    /// What the charges show.
-    ledger: Ledger,
-    /// What the broker's log shows.
-    published: Published,
-    /// Faults injected, by kind.
-    faults: BTreeMap<&'static str, u64>,
-    /// Processes that exited by themselves and were started again.
-    unplanned_exits: u64,
-    /// Failed attempts of the order service (each retried until committed).
-    order_retries: u64,
-    /// Where the logs are, when kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    logs: Option<PathBuf>,
-    /// The PostgreSQL schema of the run, when kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    schema: Option<String>,
-}
-
-/// The topic read back from the broker, in log order.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-struct Published {
-    /// Distinct orders found.
-    orders: u64,
-    /// Copies beyond the first (republished after a crash or a lost lease).
-    duplicates: u64,
-    /// Committed orders not found.
-    missing: u64,
-    /// Orders whose first copy came after a later order of the same customer.
-    out_of_order: u64,
-    /// Messages on the topic that are not orders.
-    unreadable: u64,
-}
-
-impl ChaosReport {
-    fn violations(&self) -> Vec<String> {
-        let l = &self.ledger;
-        let p = &self.published;
-        let mut found = Vec::new();
-        let mut check = |n: u64, what: &str| {
-            if n > 0 {
-                found.push(format!("{n} {what}"));
-            }
-        };
-        check(l.never_charged, "orders never charged");
-        check(l.charged_twice, "orders charged more than once");
-        check(l.phantom_charges, "charges of orders never committed");
-        check(p.missing, "committed orders missing from the broker");
-        check(p.unreadable, "messages on the topic that are not orders");
-        check(
-            p.out_of_order,
-            "orders published before an earlier order of their customer",
-        );
-        if l.committed != self.orders {
-            found.push(format!(
-                "{} orders committed, {} placed",
-                l.committed, self.orders
-            ));
-        }
-        found
-    }
 }
 
 /// Runs `oncebox chaos` and prints its audit.
@@ -223,6 +178,14 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         .prefix("oncebox-chaos-")
         .tempdir()?;
     let outcome = run_in(&args, seed, &store, dir.path().to_owned()).await;
+    // A slot left behind keeps WAL for good: a failed run drops it too (its confirmed
+    // position is in the report), unless asked to keep it.
+    if args.relay.is_cdc()
+        && !args.keep
+        && let Err(error) = cdc::drop_slot(&store, store.schema()).await
+    {
+        eprintln!("oncebox chaos: {error:#}");
+    }
     let keep = args.keep || !matches!(&outcome, Ok(report) if report.passed);
     let logs = if keep {
         let path = dir.keep();
@@ -275,11 +238,13 @@ fn config_toml(args: &ChaosArgs, schema: &str) -> anyhow::Result<(String, &'stat
         "redis" | "rediss" => ("redis", format!("key_prefix = \"{schema}:\"\n")),
         _ => anyhow::bail!("--broker-url: nats://, amqp://, kafka:// or redis://, not {scheme}://"),
     };
-    // The relays' connections carry a name of their own, so that the run can terminate
-    // them and them only.
-    let store_url = named_store_url(&args.database_url, &format!("{schema}-relay"));
+    // Each process is given its store URL on its command line (through its proxy, its
+    // connections named); this one is for the run's own look at the configuration.
+    let store_url = &args.database_url;
     let (broker_url, password) = split_password(&args.broker_url);
     let password = password.map_or_else(String::new, |p| format!("password = {p:?}\n"));
+    // The slot and its publication are named after the run's schema.
+    let (mode, cdc) = args.relay.config(schema);
     let toml = format!(
         r#"[store]
 url = "{store_url}"
@@ -293,6 +258,7 @@ url = "{broker_url}"
 orders = "{schema}-orders"
 
 [relay]
+mode = "{mode}"
 lease = "{lease}s"
 publish_timeout = "2s"
 retry_initial = "100ms"
@@ -306,10 +272,17 @@ consumer = "{schema}-payments"
 
 [http]
 listen = "off"
-"#,
+{cdc}"#,
         lease = LEASE.as_secs(),
     );
     Ok((toml, broker))
+}
+
+/// The start of the application name of the relays' connections: relay `i`'s are
+/// named this and `i`, so that the run can terminate them, and them only, and tell
+/// which relay holds a lock.
+fn relay_name_prefix(schema: &str) -> String {
+    format!("{schema}-relay-")
 }
 
 /// `url` with connections named `name` (PostgreSQL's `application_name`).
@@ -358,6 +331,10 @@ async fn run_in(
         broker_url: None,
         listen: None,
     })?;
+    // The slot exists before the first order, or it would not see it.
+    if args.relay.is_cdc() {
+        cdc::prepare(&config, store, &args.database_url).await?;
+    }
     let topic = format!("{schema}-orders");
     let audit_group = format!("{schema}-audit");
     let broker = Broker::connect(&config).await?;
@@ -387,11 +364,15 @@ async fn run_in(
         broker_link: broker_kind != "kafka",
         broker_restarts: args.broker_restarts,
         postgres_restarts: args.postgres_restarts,
+        cdc: args.relay.is_cdc(),
     };
     let faults = plan::plan(&spec, seed);
     let exe = std::env::current_exe().context("finding the oncebox binary")?;
+    let relay_names = relay_name_prefix(&schema);
     let targets = fleet::Targets {
-        relay_store_url: named_store_url(&args.database_url, &format!("{schema}-relay")),
+        relay_store_urls: (0..args.relays)
+            .map(|i| named_store_url(&args.database_url, &format!("{relay_names}{i}")))
+            .collect(),
         payments_store_url: named_store_url(&args.database_url, &format!("{schema}-payments")),
         broker_url: spec.broker_link.then(|| split_password(&args.broker_url).0),
     };
@@ -401,53 +382,62 @@ async fn run_in(
         dir.clone(),
         topic.clone(),
         &targets,
-        args.relays as usize,
         args.consumers as usize,
     )
     .await?;
     let progress = !args.json;
     if progress {
         eprintln!(
-            "chaos · {broker_kind} · {} orders at {}/s · {} relays · {} payment processes · {} faults · seed {seed} · logs in {}",
+            "chaos · {broker_kind} · {} orders at {}/s · {} relays ({}) · {} payment processes · {} faults · seed {seed} · logs in {}",
             args.orders,
             args.rate,
             args.relays,
+            args.relay.name(),
             args.consumers,
             faults.len(),
             fleet.logs().display()
         );
     }
+    let slot = args.relay.is_cdc().then(|| schema.clone());
+    let mut striker = strike::Striker {
+        args,
+        store,
+        relay_names,
+        slot: slot.clone(),
+        progress,
+        struck: BTreeMap::new(),
+        walsenders_terminated: 0,
+    };
 
     let started = Instant::now();
     let placed = Arc::new(AtomicU64::new(0));
     let retries = Arc::new(AtomicU64::new(0));
-    let orders = tokio::spawn(place_orders(
+    let outbox = match args.relay {
+        RelayKind::CdcMessages => EventOutbox::Messages(store.message_outbox()),
+        RelayKind::Poll | RelayKind::CdcTable => EventOutbox::Table(store.outbox()),
+    };
+    let mut orders = tokio::spawn(place_orders(
         store.clone(),
+        outbox,
         args.orders,
         args.customers,
         args.rate,
         Arc::clone(&placed),
         Arc::clone(&retries),
     ));
-    let mut injected: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut due = faults.into_iter().peekable();
+    let mut slot_audit = None;
     let result = async {
         // Faults, while the orders are placed.
         while !orders.is_finished() || due.peek().is_some() {
             while let Some((at, fault)) = due.next_if(|(at, _)| started + *at <= Instant::now()) {
-                if progress {
-                    let whom = fault
-                        .process()
-                        .map(|(role, index)| format!(" ({} {index})", fleet::name(role)))
-                        .unwrap_or_default();
-                    eprintln!("  {:>7.1} s  {}{whom}", at.as_secs_f64(), fault.kind());
-                }
-                inject(&mut fleet, fault, args, store, &schema).await?;
-                *injected.entry(fault.kind()).or_default() += 1;
+                striker.strike(&mut fleet, at, fault).await?;
             }
             tokio::task::block_in_place(|| fleet.tick())?;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Where the WAL was once the last order committed.
+        let last_order_lsn = (&mut orders).await.context("the order service")?;
         let placed_at = started.elapsed();
         if progress {
             eprintln!(
@@ -470,6 +460,21 @@ async fn run_in(
             tokio::task::block_in_place(|| fleet.tick())?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // The slot: its confirmed position passes the last order and the end of the
+        // drain, with the relays still running.
+        if let Some(slot) = &slot {
+            let audit = cdc::audit_slot(store, slot, last_order_lsn, &mut fleet).await?;
+            if progress {
+                eprintln!(
+                    "  {:>7.1} s  slot confirmed {} (last order {}, drained {})",
+                    started.elapsed().as_secs_f64(),
+                    audit.confirmed_lsn.as_deref().unwrap_or("gone"),
+                    audit.last_order_lsn,
+                    audit.drained_lsn
+                );
+            }
+            slot_audit = Some(audit);
+        }
         anyhow::Ok(())
     }
     .await;
@@ -480,6 +485,10 @@ async fn run_in(
     result?;
 
     let ledger = shop::ledger(store).await?;
+    if let Some(audit) = &mut slot_audit {
+        (audit.outbox_pending, audit.outbox_dead) = cdc::outbox_rows(store).await?;
+        audit.walsenders_terminated = striker.walsenders_terminated;
+    }
     // A connection of its own for the audit: the setup's went through the broker's
     // restarts, and a Redis connection reports the first command after one as failed.
     drop(broker);
@@ -489,13 +498,15 @@ async fn run_in(
         passed: false,
         seed,
         broker: broker_kind,
+        relay: args.relay,
         orders: args.orders,
         relays: args.relays,
         consumers: args.consumers,
         seconds,
         ledger,
         published,
-        faults: injected,
+        slot: slot_audit,
+        faults: striker.struck,
         unplanned_exits,
         order_retries: retries.load(Ordering::Relaxed),
         logs: None,
@@ -521,16 +532,17 @@ async fn run_in(
 
 /// The order service: `orders` orders spread over `customers` customers, order `i` due
 /// at `i / rate` seconds; writer `w` places the orders of the customers `c` with
-/// `c % WRITERS == w`, one at a time, so each customer's orders commit in order.
+/// `c % WRITERS == w`, one at a time, so each customer's orders commit in order. Returns
+/// the WAL position read once the last order committed.
 async fn place_orders(
     store: PgStore,
+    outbox: EventOutbox,
     orders: u64,
     customers: u32,
     rate: u32,
     placed: Arc<AtomicU64>,
     retries: Arc<AtomicU64>,
-) {
-    let outbox = store.outbox();
+) -> String {
     let start = tokio::time::Instant::now();
     let mut writers = tokio::task::JoinSet::new();
     for writer in 0..WRITERS {
@@ -553,233 +565,7 @@ async fn place_orders(
         });
     }
     while writers.join_next().await.is_some() {}
-}
-
-/// Injects `fault`.
-async fn inject(
-    fleet: &mut fleet::Fleet,
-    fault: Fault,
-    args: &ChaosArgs,
-    store: &PgStore,
-    schema: &str,
-) -> anyhow::Result<()> {
-    match fault {
-        Fault::Kill { role, index } => tokio::task::block_in_place(|| fleet.kill(role, index)),
-        Fault::Pause {
-            role,
-            index,
-            millis,
-        } => fleet.pause(role, index, Duration::from_millis(millis)),
-        Fault::TerminateRelayConnections => {
-            let terminated: Vec<bool> = sqlx::query_scalar(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-            )
-            .bind(format!("{schema}-relay"))
-            .fetch_all(store.pool())
-            .await
-            .context("terminating the relays' connections")?;
-            tracing::info!(
-                connections = terminated.len(),
-                "terminated the relays' connections"
-            );
-            Ok(())
-        }
-        Fault::Link {
-            role,
-            index,
-            link,
-            trouble,
-            millis,
-        } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
-        Fault::RestartBroker => restart(args.restart_broker.as_deref()).await,
-        Fault::RestartPostgres => restart(args.restart_postgres.as_deref()).await,
-    }
-}
-
-/// Runs a restart command with `sh -c`.
-async fn restart(command: Option<&str>) -> anyhow::Result<()> {
-    let command = command.context("a restart was planned without its command")?;
-    let status = tokio::process::Command::new("sh")
-        .args(["-c", command])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .await
-        .with_context(|| format!("running {command:?}"))?;
-    anyhow::ensure!(status.success(), "{command:?} failed: {status}");
-    Ok(())
-}
-
-/// How long the audit's reader waits for its first delivery: a new Kafka consumer group
-/// is assigned its partitions only after the group's join (seconds on tansu, more while
-/// it is busy).
-const FIRST_DELIVERY: Duration = Duration::from_secs(60);
-
-/// How long the audit's reader waits for the next delivery once deliveries flow.
-const NEXT_DELIVERY: Duration = Duration::from_secs(5);
-
-/// Reads the topic back in the broker's order with a reader of its own, until every
-/// committed order was found or nothing more came (see [`FIRST_DELIVERY`],
-/// [`NEXT_DELIVERY`]).
-async fn read_back(
-    broker: &Broker,
-    topic: &str,
-    group: &str,
-    ledger: &Ledger,
-) -> anyhow::Result<Published> {
-    let mut reader = broker.subscriber(topic, group).await?;
-    let mut first: HashSet<String> = HashSet::new();
-    let mut last_seq: HashMap<String, i64> = HashMap::new();
-    let mut published = Published::default();
-    while (first.len() as u64) < ledger.committed {
-        let wait = if first.is_empty() {
-            FIRST_DELIVERY
-        } else {
-            NEXT_DELIVERY
-        };
-        let delivery = match tokio::time::timeout(wait, reader.next()).await {
-            Ok(delivery) => delivery?,
-            Err(_) => break,
-        };
-        let order: Option<OrderPlaced> = delivery.received().payload_json().ok();
-        delivery.ack().await?;
-        let Some(order) = order else {
-            published.unreadable += 1;
-            continue;
-        };
-        if !first.insert(order.order_id.clone()) {
-            published.duplicates += 1;
-            continue;
-        }
-        let last = last_seq.entry(order.customer).or_insert(0);
-        if order.seq <= *last {
-            published.out_of_order += 1;
-        }
-        *last = (*last).max(order.seq);
-    }
-    published.orders = first.len() as u64;
-    published.missing = ledger.committed.saturating_sub(published.orders);
-    Ok(published)
-}
-
-/// Kafka's topics are not created by publishing to them: the run's is made here, with
-/// partitions for the customers to spread over.
-async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result<()> {
-    #[cfg(feature = "kafka")]
-    if let Broker::Kafka(options) = broker {
-        oncebox::kafka::KafkaAdmin::new(options.clone())?
-            .create_topic(topic, 3, 1)
-            .await
-            .with_context(|| format!("creating topic {topic}"))?;
-    }
-    let _ = (broker, topic);
-    Ok(())
-}
-
-/// Removes what the run made on the broker at `url`: the NATS stream, the Kafka topic,
-/// the Redis streams, or RabbitMQ's exchange and the queues of `groups`.
-async fn remove_topic(
-    broker: &Broker,
-    url: &str,
-    schema: &str,
-    topic: &str,
-    groups: &[&str],
-) -> anyhow::Result<()> {
-    let _ = (url, schema, topic, groups);
-    match broker {
-        Broker::RedisStreams(streams) => {
-            let keys = [streams.stream_key(topic), streams.dead_letter_key(topic)];
-            let mut connection = streams.connection().clone();
-            oncebox::redis::redis::cmd("DEL")
-                .arg(&keys)
-                .query_async::<()>(&mut connection)
-                .await
-                .with_context(|| format!("deleting stream {}", keys[0]))?;
-        }
-        #[cfg(feature = "kafka")]
-        Broker::Kafka(options) => {
-            oncebox::kafka::KafkaAdmin::new(options.clone())?
-                .delete_topics(&[topic])
-                .await
-                .with_context(|| format!("deleting topic {topic}"))?;
-        }
-        #[cfg(feature = "nats")]
-        Broker::Nats(transport) => {
-            oncebox::nats::async_nats::jetstream::new(transport.client().clone())
-                .delete_stream(schema)
-                .await
-                .with_context(|| format!("deleting stream {schema}"))?;
-        }
-        #[cfg(feature = "rabbitmq")]
-        Broker::RabbitMq(_) => {
-            use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-            let connection =
-                lapin::Connection::connect(url, lapin::ConnectionProperties::default())
-                    .await
-                    .context("connecting to RabbitMQ")?;
-            let channel = connection.create_channel().await?;
-            for group in groups {
-                for queue in [
-                    (*group).to_owned(),
-                    oncebox::rabbitmq::dead_queue_name(group),
-                ] {
-                    channel
-                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                        .await
-                        .with_context(|| format!("deleting queue {queue}"))?;
-                }
-            }
-            channel
-                .exchange_delete(schema.into(), ExchangeDeleteOptions::default())
-                .await
-                .with_context(|| format!("deleting exchange {schema}"))?;
-            let _ = connection.close(200, "done".into()).await;
-        }
-    }
-    Ok(())
-}
-
-fn print(report: &ChaosReport) {
-    let l = &report.ledger;
-    let p = &report.published;
-    println!(
-        "chaos · {} · {} orders · {} relays · {} payment processes · seed {} · {:.1} s",
-        report.broker, report.orders, report.relays, report.consumers, report.seed, report.seconds
-    );
-    let faults: Vec<String> = report
-        .faults
-        .iter()
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect();
-    println!("  faults: {}", faults.join(" · "));
-    println!(
-        "  unplanned exits {} · order service retries {}",
-        report.unplanned_exits, report.order_retries
-    );
-    println!(
-        "  charges: {} committed · {} charged once · {} never · {} twice · {} phantom · {} out of order at the payment service",
-        l.committed,
-        l.charged_once,
-        l.never_charged,
-        l.charged_twice,
-        l.phantom_charges,
-        l.charged_out_of_order
-    );
-    println!(
-        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders",
-        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable
-    );
-    let violations = report.violations();
-    if violations.is_empty() {
-        println!("  PASSED: every committed order charged exactly once, published in order");
-    } else {
-        println!("  FAILED: {}", violations.join("; "));
-    }
-    if let Some(logs) = &report.logs {
-        println!("  logs: {}", logs.display());
-    }
-    if let Some(schema) = &report.schema {
-        println!("  tables: schema {schema}");
-    }
+    cdc::wal_position(&store).await
 }
 
 #[cfg(test)]

@@ -13,6 +13,12 @@ pub(crate) enum Role {
     Relay,
     /// A payment service process (`oncebox chaos-payments`).
     Consumer,
+    /// With log-tailing relays: the relay that reads the slot when the fault strikes
+    /// (the one holding the slot's lock), whichever process that is by then.
+    Reader,
+    /// With log-tailing relays: a relay standing by when the fault strikes; `index`
+    /// picks one of them (modulo their number).
+    Standby,
 }
 
 /// One process's connections to a service, each through a proxy of its own.
@@ -43,15 +49,21 @@ pub(crate) enum Trouble {
 pub(crate) enum Fault {
     /// SIGKILL, then a new process in its place.
     Kill { role: Role, index: usize },
-    /// SIGSTOP for `millis`, then SIGCONT: a relay paused past its lease comes back to
-    /// claims that are no longer its own.
+    /// SIGSTOP for `millis`, then SIGCONT: a polling relay paused past its lease comes
+    /// back to claims that are no longer its own; a paused reader of the slot keeps its
+    /// lock and its walsender, so its standbys, which poll the lock every second, must
+    /// keep standing by, and it comes back to publications that timed out.
     Pause {
         role: Role,
         index: usize,
         millis: u64,
     },
-    /// `pg_terminate_backend` of every connection of the relays.
+    /// `pg_terminate_backend` of every connection of the relays (with log-tailing relays,
+    /// the slot's walsender too).
     TerminateRelayConnections,
+    /// `pg_terminate_backend` of the slot's walsender alone (log-tailing relays): the
+    /// reader's replication connection ends under it, its lock stays.
+    TerminateWalsender,
     /// One process's link in trouble for `millis`, then restored.
     Link {
         role: Role,
@@ -73,28 +85,56 @@ impl Fault {
             Self::Kill { role, index }
             | Self::Pause { role, index, .. }
             | Self::Link { role, index, .. } => Some((role, index)),
-            Self::TerminateRelayConnections | Self::RestartBroker | Self::RestartPostgres => None,
+            Self::TerminateRelayConnections
+            | Self::TerminateWalsender
+            | Self::RestartBroker
+            | Self::RestartPostgres => None,
+        }
+    }
+
+    /// The same fault striking process `index` of `role` instead (a fault that strikes
+    /// no process is left as it is).
+    pub(crate) fn striking(self, role: Role, index: usize) -> Self {
+        match self {
+            Self::Kill { .. } => Self::Kill { role, index },
+            Self::Pause { millis, .. } => Self::Pause {
+                role,
+                index,
+                millis,
+            },
+            Self::Link {
+                link,
+                trouble,
+                millis,
+                ..
+            } => Self::Link {
+                role,
+                index,
+                link,
+                trouble,
+                millis,
+            },
+            other => other,
         }
     }
 
     /// The fault's kind, as the report counts them.
     pub(crate) fn kind(self) -> &'static str {
         match self {
-            Self::Kill {
-                role: Role::Relay, ..
-            } => "kill_relay",
-            Self::Kill {
-                role: Role::Consumer,
-                ..
-            } => "kill_consumer",
-            Self::Pause {
-                role: Role::Relay, ..
-            } => "pause_relay",
-            Self::Pause {
-                role: Role::Consumer,
-                ..
-            } => "pause_consumer",
+            Self::Kill { role, .. } => match role {
+                Role::Relay => "kill_relay",
+                Role::Consumer => "kill_consumer",
+                Role::Reader => "kill_reader",
+                Role::Standby => "kill_standby",
+            },
+            Self::Pause { role, .. } => match role {
+                Role::Relay => "pause_relay",
+                Role::Consumer => "pause_consumer",
+                Role::Reader => "pause_reader",
+                Role::Standby => "pause_standby",
+            },
             Self::TerminateRelayConnections => "terminate_relay_connections",
+            Self::TerminateWalsender => "terminate_walsender",
             Self::Link { link, trouble, .. } => match (trouble, link) {
                 (Trouble::Cut, Link::Database) => "cut_database",
                 (Trouble::Cut, Link::Broker) => "cut_broker",
@@ -130,6 +170,9 @@ pub(crate) struct PlanSpec {
     pub(crate) broker_link: bool,
     pub(crate) broker_restarts: u32,
     pub(crate) postgres_restarts: u32,
+    /// Whether the relays tail the log (one reads the slot, the others stand by)
+    /// rather than poll the table.
+    pub(crate) cdc: bool,
 }
 
 /// The faults of `spec` at instants drawn from `seed`, in time order.
@@ -137,6 +180,12 @@ pub(crate) struct PlanSpec {
 /// Kills, pauses and connection terminations fall at random instants of the window;
 /// restarts are spread evenly over its middle (a restart in the last instants would test
 /// only the drain), each at a random point of its own slice.
+///
+/// With log-tailing relays (`spec.cdc`) a fault that strikes a relay strikes the
+/// [`Role::Reader`] or a [`Role::Standby`] (one chance in `relays` for the reader,
+/// as for any one relay), resolved when it strikes; a pause strikes the reader (a
+/// paused standby does nothing it would not do awake); terminations alternate between
+/// the walsender alone (first) and every connection of the relays.
 pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let window = spec.window.as_millis().max(1) as u64;
@@ -147,7 +196,12 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
         let consumers = spec.consumers;
         let n = rng.usize(0..(relays + consumers).max(1));
         if n < relays || consumers == 0 {
-            (Role::Relay, n.min(relays.saturating_sub(1)))
+            let n = n.min(relays.saturating_sub(1));
+            match (spec.cdc, n) {
+                (false, _) => (Role::Relay, n),
+                (true, 0) => (Role::Reader, 0),
+                (true, _) => (Role::Standby, n - 1),
+            }
         } else {
             (Role::Consumer, n - relays)
         }
@@ -157,7 +211,10 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
         faults.push((anywhere(&mut rng), Fault::Kill { role, index }));
     }
     for _ in 0..spec.pauses {
-        let (role, index) = pick(&mut rng);
+        let (role, index) = match pick(&mut rng) {
+            (Role::Standby, _) => (Role::Reader, 0),
+            picked => picked,
+        };
         let millis = spec.pause.as_millis() as u64;
         faults.push((
             anywhere(&mut rng),
@@ -168,8 +225,13 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
             },
         ));
     }
-    for _ in 0..spec.terminations {
-        faults.push((anywhere(&mut rng), Fault::TerminateRelayConnections));
+    for i in 0..spec.terminations {
+        let fault = if spec.cdc && i % 2 == 0 {
+            Fault::TerminateWalsender
+        } else {
+            Fault::TerminateRelayConnections
+        };
+        faults.push((anywhere(&mut rng), fault));
     }
     for (trouble, (count, length)) in [
         (Trouble::Cut, spec.cuts),
@@ -232,6 +294,7 @@ mod tests {
             broker_link: true,
             broker_restarts: 2,
             postgres_restarts: 1,
+            cdc: false,
         }
     }
 
@@ -266,10 +329,61 @@ mod tests {
                 | Fault::Link { role, index, .. } => match role {
                     Role::Relay => assert!(index < 3),
                     Role::Consumer => assert!(index < 2),
+                    Role::Reader | Role::Standby => panic!("polling relays: {fault:?}"),
                 },
                 _ => {}
             }
         }
+    }
+
+    #[test]
+    fn log_tailing_relays_are_struck_as_reader_or_standby() {
+        let spec = PlanSpec {
+            cdc: true,
+            ..spec()
+        };
+        let plan = plan(&spec, 7);
+        assert_eq!(
+            plan.len(),
+            50 + 4 + 3 + 12 + 2 + 1,
+            "as many faults as asked"
+        );
+        let count = |kind: &str| plan.iter().filter(|(_, f)| f.kind() == kind).count();
+        assert!(count("kill_reader") > 0 && count("kill_standby") > 0);
+        assert_eq!(
+            count("kill_reader") + count("kill_standby") + count("kill_consumer"),
+            50
+        );
+        assert_eq!(
+            count("kill_relay") + count("pause_relay"),
+            0,
+            "no relay by index"
+        );
+        assert_eq!(count("pause_standby"), 0, "a pause strikes the reader");
+        assert_eq!(count("pause_reader") + count("pause_consumer"), 4);
+        assert_eq!(count("terminate_walsender"), 2, "the 1st and 3rd");
+        assert_eq!(count("terminate_relay_connections"), 1);
+        for (_, fault) in &plan {
+            match *fault {
+                Fault::Kill { role, index }
+                | Fault::Pause { role, index, .. }
+                | Fault::Link { role, index, .. } => match role {
+                    Role::Reader => assert_eq!(index, 0),
+                    Role::Standby => assert!(index < 2, "two of the three relays stand by"),
+                    Role::Consumer => assert!(index < 2),
+                    Role::Relay => panic!("a relay by index: {fault:?}"),
+                },
+                _ => {}
+            }
+        }
+        // One relay: it is the reader, there is no standby.
+        let alone = super::plan(&PlanSpec { relays: 1, ..spec }, 7);
+        assert!(
+            alone
+                .iter()
+                .all(|(_, f)| !matches!(f.process(), Some((Role::Standby | Role::Relay, _))))
+        );
+        assert!(alone.iter().any(|(_, f)| f.kind() == "kill_reader"));
     }
 
     #[test]

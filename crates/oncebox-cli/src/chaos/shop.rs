@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncebox::consumer::TxHandler;
+use oncebox::postgres::cdc::PgMessageOutbox;
 use oncebox::postgres::{PgOutbox, PgStore};
 use oncebox::{Bytes, Error, Message, Received, Result};
 use serde::{Deserialize, Serialize};
@@ -59,11 +60,30 @@ pub(crate) async fn create_tables(store: &PgStore) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How the order service writes an order's event, in the order's transaction.
+#[derive(Debug, Clone)]
+pub(crate) enum EventOutbox {
+    /// A row of the outbox table: for polling relays, and for log-tailing relays that
+    /// read the table's inserts.
+    Table(PgOutbox),
+    /// A logical decoding message and no row, for log-tailing relays that read them.
+    Messages(PgMessageOutbox),
+}
+
+impl EventOutbox {
+    async fn enqueue(&self, conn: &mut sqlx::PgConnection, message: &Message) -> Result<()> {
+        match self {
+            Self::Table(outbox) => outbox.enqueue(conn, message).await,
+            Self::Messages(outbox) => outbox.enqueue(conn, message).await,
+        }
+    }
+}
+
 /// Places `order`: the order row and its event in one transaction. Retries through
 /// failures until it is committed, and tells a commit whose reply was lost (the
 /// connection died during `COMMIT`) by looking for the order before trying again, so
 /// that each order is committed exactly once. Returns the failed attempts.
-pub(crate) async fn place(store: &PgStore, outbox: &PgOutbox, order: &OrderPlaced) -> u64 {
+pub(crate) async fn place(store: &PgStore, outbox: &EventOutbox, order: &OrderPlaced) -> u64 {
     let mut failures = 0;
     loop {
         match try_place(store, outbox, order).await {
@@ -80,7 +100,11 @@ pub(crate) async fn place(store: &PgStore, outbox: &PgOutbox, order: &OrderPlace
     }
 }
 
-async fn try_place(store: &PgStore, outbox: &PgOutbox, order: &OrderPlaced) -> anyhow::Result<()> {
+async fn try_place(
+    store: &PgStore,
+    outbox: &EventOutbox,
+    order: &OrderPlaced,
+) -> anyhow::Result<()> {
     let schema = store.schema();
     let mut tx = store.pool().begin().await?;
     sqlx::query(AssertSqlSafe(format!(
