@@ -410,3 +410,78 @@ async fn a_table_relay_dead_letters_emitted_messages() {
     assert_eq!(recorder.published()[0].payload, "row");
     task.abort();
 }
+
+/// The reader's lock connection and its walsender end together (a cut link, a server
+/// ending its sessions): the relay reads the slot again only under the lock, never with
+/// a lock connection that is gone. (The code before the fix passed too: it started new
+/// sessions with the dead lock connection, as `oncebox chaos` found, but each session's
+/// first lock check, at its start, ended them before they read much.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_lost_its_lock_reads_only_once_it_holds_it_again() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let recorder = Recorder::default();
+    let task = started(&db, recorder.clone(), slot.options(CdcMode::Messages)).await;
+    emit(&db, &[keyed("a", 0)], true).await;
+    recorder.wait_for(1).await;
+
+    // pg_try_advisory_lock(0x6f6e6364 ("oncd"), hashtext(slot)), as the relay takes it.
+    let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                  AND classid::bigint = 1869505380 \
+                  AND objid::bigint = (hashtext($1)::bigint & 4294967295) AND objsubid = 2";
+    let held = || async {
+        sqlx::query_scalar::<_, i32>(holder)
+            .bind(&slot.name)
+            .fetch_optional(db.store.pool())
+            .await
+            .expect("the locks are read")
+    };
+    let lock_pid = held().await.expect("the reader holds the slot's lock");
+    let reader_pid = || async {
+        sqlx::query_scalar::<_, Option<i32>>(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot.name)
+        .fetch_one(db.store.pool())
+        .await
+        .expect("the slot is read")
+    };
+    let walsender = reader_pid().await.expect("the slot is read");
+    for pid in [lock_pid, walsender] {
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(db.store.pool())
+            .await
+            .expect("the connection is terminated");
+        assert!(ended);
+    }
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut read_again = false;
+    while tokio::time::Instant::now() < until {
+        // A new walsender (the old one may still be on its way out) reads the slot:
+        // its reader must hold the lock, taken by a connection that is not the old one.
+        if let Some(pid) = reader_pid().await
+            && pid != walsender
+        {
+            read_again = true;
+            let holder = held().await;
+            assert!(
+                holder.is_some_and(|holder| holder != lock_pid),
+                "the slot is read again while nobody holds its lock"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(read_again, "the relay reads the slot again");
+    emit(&db, &[keyed("a", 1)], true).await;
+    eventually("the next message to be published", || async {
+        recorder
+            .published()
+            .iter()
+            .any(|m| m.payload == "a:1")
+            .then_some(())
+    })
+    .await;
+    task.abort();
+}

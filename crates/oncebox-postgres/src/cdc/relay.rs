@@ -180,6 +180,12 @@ impl<P: Publisher> CdcRelay<P> {
                             () = tokio::time::sleep(delay) => {}
                             () = shutdown.clone() => return Ok(()),
                         }
+                        // A failed session may have lost the lock too (a cut link, a
+                        // restarted server): a new session starts only under the lock.
+                        if lead.ping().await.is_err() {
+                            tracing::warn!(slot = %self.options.slot, "CDC relay: lost the connection holding the slot's lock; standing by");
+                            break;
+                        }
                     }
                     Err(error) => return Err(error),
                 }

@@ -24,6 +24,9 @@ use super::{CdcMode, slot};
 /// PostgreSQL's epoch, 2000-01-01, in Unix seconds.
 const PG_EPOCH_SECS: u64 = 946_684_800;
 
+/// How often the session checks that it still holds the slot's lock.
+const LEAD_CHECK: Duration = Duration::from_secs(5);
+
 /// How long a commit that is not visible yet is looked at again without a pause.
 const EAGER_LOOKS: Duration = Duration::from_millis(5);
 
@@ -127,10 +130,17 @@ impl<'r, P: Publisher> Session<'r, P> {
     ) -> Result<Ended> {
         let options = &self.relay.options;
         let mut shutdown = shutdown;
-        let mut heartbeat = tokio::time::interval(options.heartbeat);
-        let mut stats = tokio::time::interval(options.stats_interval);
-        let mut check_lead = tokio::time::interval(Duration::from_secs(5));
-        let mut flush = tokio::time::interval(options.status_interval);
+        // A tick that comes late (a heartbeat that waited for a database going down)
+        // is not made up in a burst: the others still get their turn.
+        let every = |period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        };
+        let mut heartbeat = every(options.heartbeat);
+        let mut stats = every(options.stats_interval);
+        let mut check_lead = every(LEAD_CHECK);
+        let mut flush = every(options.status_interval);
         tracing::info!(slot = %options.slot, mode = ?options.mode, "CDC relay: reading the slot");
         loop {
             let next_look = self.invisible.as_ref().map(|invisible| invisible.next_look);
@@ -149,6 +159,12 @@ impl<'r, P: Publisher> Session<'r, P> {
                         None => return Err(Error::store_transient("the replication stream ended")),
                     }
                 }
+                _ = check_lead.tick() => {
+                    if lead.ping().await.is_err() {
+                        tracing::warn!(slot = %options.slot, "CDC relay: lost the connection holding the slot's lock; standing by");
+                        return Ok(Ended::LostLead);
+                    }
+                }
                 _ = flush.tick() => self.flush(client).await?,
                 _ = heartbeat.tick() => {
                     if let Err(error) = slot::heartbeat(&self.relay.pool, &self.relay.sql.heartbeat_prefix).await {
@@ -156,12 +172,6 @@ impl<'r, P: Publisher> Session<'r, P> {
                     }
                 }
                 _ = stats.tick() => self.relay.metrics.sample(&self.relay.pool).await,
-                _ = check_lead.tick() => {
-                    if lead.ping().await.is_err() {
-                        tracing::warn!(slot = %options.slot, "CDC relay: lost the connection holding the slot's lock; standing by");
-                        return Ok(Ended::LostLead);
-                    }
-                }
             }
         }
     }
