@@ -274,7 +274,25 @@ impl Browser {
             .find(Locator::Css(SUBMIT_BUTTON))
             .await
             .map_err(|error| Error::on(&format!("{selector} :is({SUBMIT_BUTTON})"), error))?;
-        Ok(button.click().await?)
+        button.click().await?;
+        // The click returns once the submission is under way, not always once it is
+        // over: wait until the form's page is gone (its element goes stale) and the
+        // next one has loaded, for at most the browser's timeout.
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while form.tag_name().await.is_ok() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        while tokio::time::Instant::now() < deadline {
+            let state = self
+                .client
+                .execute("return document.readyState", Vec::new())
+                .await?;
+            if state == "complete" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(())
     }
 
     /// The cookies the browser sends to the current page, with their attributes
