@@ -434,9 +434,15 @@ impl<'r, P: Publisher> Session<'r, P> {
         let published = std::mem::take(&mut self.published);
         self.relay.delete_published(&published).await?;
         self.confirm(client);
+        // The store's record only names the range a lost slot may have lost: a failed
+        // write is tried again at the next flush rather than ending the session.
         if self.confirmed > self.remembered {
-            self.relay.remember(self.confirmed).await?;
-            self.remembered = self.confirmed;
+            match self.relay.remember(self.confirmed).await {
+                Ok(()) => self.remembered = self.confirmed,
+                Err(error) => {
+                    tracing::warn!(slot = %self.relay.options.slot, %error, "CDC relay: could not record the confirmed position");
+                }
+            }
         }
         Ok(())
     }
