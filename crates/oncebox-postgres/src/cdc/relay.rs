@@ -182,7 +182,7 @@ impl<P: Publisher> CdcRelay<P> {
                         }
                         // A failed session may have lost the lock too (a cut link, a
                         // restarted server): a new session starts only under the lock.
-                        if lead.ping().await.is_err() {
+                        if !answers(&mut lead).await {
                             tracing::warn!(slot = %self.options.slot, "CDC relay: lost the connection holding the slot's lock; standing by");
                             break;
                         }
@@ -377,6 +377,15 @@ impl<P: Publisher> CdcRelay<P> {
             .advance(&self.pool, &self.options.slot, confirmed)
             .await
     }
+}
+
+/// Whether the connection holding the slot's lock still answers, within a few seconds
+/// (a partitioned network would otherwise hold the check until TCP gives up).
+pub(super) async fn answers(lead: &mut PgConnection) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), lead.ping()).await,
+        Ok(Ok(()))
+    )
 }
 
 /// A replication-connection error as a oncebox error. Server errors are classified by

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use oncebox_core::{Error, Limits, Message, Publisher, Result};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use tokio::time::Instant;
 
 use super::dead::position_id;
@@ -153,14 +153,8 @@ impl<'r, P: Publisher> Session<'r, P> {
                 () = tokio::time::sleep_until(next_look.unwrap_or_else(Instant::now)), if next_look.is_some() => {
                     self.look_again().await?;
                 }
-                event = client.recv(), if self.invisible.is_none() && self.unsettled < options.max_in_flight => {
-                    match event.map_err(wire_error)? {
-                        Some(event) => self.read(event, client).await?,
-                        None => return Err(Error::store_transient("the replication stream ended")),
-                    }
-                }
                 _ = check_lead.tick() => {
-                    if lead.ping().await.is_err() {
+                    if !super::relay::answers(lead).await {
                         tracing::warn!(slot = %options.slot, "CDC relay: lost the connection holding the slot's lock; standing by");
                         return Ok(Ended::LostLead);
                     }
@@ -172,6 +166,12 @@ impl<'r, P: Publisher> Session<'r, P> {
                     }
                 }
                 _ = stats.tick() => self.relay.metrics.sample(&self.relay.pool).await,
+                event = client.recv(), if self.invisible.is_none() && self.unsettled < options.max_in_flight => {
+                    match event.map_err(wire_error)? {
+                        Some(event) => self.read(event, client).await?,
+                        None => return Err(Error::store_transient("the replication stream ended")),
+                    }
+                }
             }
         }
     }
@@ -431,8 +431,10 @@ impl<'r, P: Publisher> Session<'r, P> {
     /// Deletes the published rows (table mode), confirms what may be, and remembers
     /// the confirmed position in the store.
     async fn flush(&mut self, client: &ReplicationClient) -> Result<()> {
-        let published = std::mem::take(&mut self.published);
-        self.relay.delete_published(&published).await?;
+        // The rows are forgotten only once deleted: after a failed delete, nothing they
+        // cover may be confirmed (a session's finish flushes them again).
+        self.relay.delete_published(&self.published).await?;
+        self.published.clear();
         self.confirm(client);
         // The store's record only names the range a lost slot may have lost: a failed
         // write is tried again at the next flush rather than ending the session.
