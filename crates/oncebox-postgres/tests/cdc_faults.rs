@@ -200,14 +200,7 @@ async fn a_vanished_slot_is_not_created_again_silently() {
     assert!(!db.store.forget_cdc(&slot.name).await.expect("no error"));
     let task = started(&db, recorder.clone(), options).await;
     emit(&db, &[keyed("a", 3)], true).await;
-    eventually("a fresh slot's first message", || async {
-        recorder
-            .published()
-            .iter()
-            .any(|m| m.payload == "a:3")
-            .then_some(())
-    })
-    .await;
+    recorder.wait_for_payload("a:3").await;
     assert!(!task.is_finished(), "the relay runs");
     task.abort();
 }
@@ -235,14 +228,7 @@ async fn a_terminated_walsender_is_reconnected() {
     assert!(terminated);
     emit(&db, &[keyed("a", 1)], true).await;
     // a:0 may come again: the walsender may have ended before its confirmation.
-    eventually("the next message to be published", || async {
-        recorder
-            .published()
-            .iter()
-            .any(|m| m.payload == "a:1")
-            .then_some(())
-    })
-    .await;
+    recorder.wait_for_payload("a:1").await;
     assert!(!task.is_finished(), "the relay runs on");
     task.abort();
 }
@@ -475,13 +461,6 @@ async fn a_relay_that_lost_its_lock_reads_only_once_it_holds_it_again() {
     }
     assert!(read_again, "the relay reads the slot again");
     emit(&db, &[keyed("a", 1)], true).await;
-    eventually("the next message to be published", || async {
-        recorder
-            .published()
-            .iter()
-            .any(|m| m.payload == "a:1")
-            .then_some(())
-    })
-    .await;
+    recorder.wait_for_payload("a:1").await;
     task.abort();
 }

@@ -66,6 +66,20 @@ impl Recorder {
             .clone()
     }
 
+    /// Waits, for at most [`LONG`], until a message with `payload` was published.
+    pub async fn wait_for_payload(&self, payload: &str) {
+        eventually(
+            &format!("a message {payload:?} to be published"),
+            || async {
+                self.published()
+                    .iter()
+                    .any(|m| m.payload == payload)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
     pub async fn wait_for(&self, count: usize) -> Vec<Message> {
         let deadline = tokio::time::Instant::now() + LONG;
         loop {
