@@ -115,6 +115,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # The public API
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`Message`], [`MessageId`], [`Headers`], [`Limits`], [`Bytes`] | what a producer enqueues and a relay publishes, and the limits a store checks |
+//! | [`Received`], [`Coordinates`] | what a consumer receives, and where the broker had it |
+//! | [`Error`], [`Fault`], [`InvalidMessage`], [`RowDecodeError`], [`BoxError`], [`Result`] | errors, classified by what retrying would do |
+//! | [`retry`], [`Backoff`] | the one decision after a failed attempt (retry, wait an outage out, dead-letter, stop), and its delays |
+//! | [`Publisher`], [`Subscriber`], [`Delivery`] | the transport traits a broker crate implements |
+//! | [`store`] | the store traits (inbox, durable inbox, dedup) and the transaction they share |
+//! | [`spool`] | the outbox relay and the durable-inbox processor (claim → deliver → settle), the outbox's admin |
+//! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
+//! | [`memory`] | in-memory dedup stores and an in-process broker with fault injection |
+//! | [`run`] | runs relays and consumers together until a signal |
+//! | [`trace`], [`TRACEPARENT`] | the spans of the outbox hop |
+//! | [`wire`] | the CloudEvents wire format every broker transport shares |
+//! | [`time`], [`Schedule`] | timestamp conversions, and when a message becomes due |
+//! | `sqlite`, `postgres`, `mysql`, `redis`, `nats`, `rabbitmq`, `kafka`, `http` | the backends, each behind its feature (below) |
+//!
 //! # Crates and features
 //!
 //! | feature | crate | what it brings |
@@ -144,7 +163,14 @@
 //!   to the handler that processed it (feature `otel`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use oncebox_core::*;
+// What a user needs, by name: store internals (`oncebox_core::sql`, the row reader and
+// statement conditions the SQL stores share) are not part of the facade.
+pub use oncebox_core::{
+    Backoff, BoxError, Bytes, Coordinates, Delivery, Error, Fault, Headers, InvalidMessage, Limits,
+    Message, MessageId, Publisher, Received, Result, RowDecodeError, Schedule, Subscriber,
+    TRACEPARENT,
+};
+pub use oncebox_core::{consumer, memory, retry, run, spool, store, time, trace, wire};
 
 /// SQLite stores, the embedded default (feature `sqlite`).
 #[cfg(feature = "sqlite")]

@@ -13,6 +13,7 @@
 //! | [`spool::SpoolStore`], [`store::InboxStore`], [`store::DurableInboxStore`], [`store::DedupStore`] | the store traits |
 //! | [`spool::Spool`] / [`spool::Relay`] | claim → dispatch → settle: the outbox relay and the durable inbox processor |
 //! | [`consumer`] | transactional inbox, durable inbox, idempotent receiver, id strategies |
+//! | [`retry`] | the one decision after a failed attempt: retry, wait an outage out, dead-letter, or stop |
 //! | [`memory`] | an exact in-memory dedup store, a layered store (an in-memory window of completed results in front of any dedup store) and an in-process broker with fault injection |
 //!
 //! With the feature `otel`, the spans of the outbox hop ([`trace`]) carry OpenTelemetry
@@ -37,6 +38,7 @@ mod transport;
 
 pub mod consumer;
 pub mod memory;
+pub mod retry;
 pub mod run;
 pub mod spool;
 #[cfg(feature = "sqlx")]

@@ -18,7 +18,7 @@ use crate::{Error, Fault, RowDecodeError};
 /// |---|---|
 /// | a closed pool | [`Error::Closed`] |
 /// | no connection to be had (I/O, TLS, pool timeout, a crashed SQLite worker); the server shutting down, out of connections, memory or disk | a store [outage](Fault::Outage) |
-/// | a deadlock, a serialization failure, a lock wait, statement or idle timeout, a busy or locked SQLite database, a protocol error | a [transient](Fault::Transient) store error |
+/// | a deadlock, a serialization failure, a lock wait, an object in use, statement or idle timeout, a busy or locked SQLite database, a protocol error | a [transient](Fault::Transient) store error |
 /// | anything else: constraint and data errors, unknown tables, syntax, decoding | a [permanent](Fault::Permanent) store error |
 ///
 /// Database errors are told apart by SQLSTATE (PostgreSQL, MySQL), error number (MySQL)
@@ -62,8 +62,9 @@ pub fn sqlstate_fault(code: Option<&str>) -> Fault {
     match code {
         // admin, crash shutdown; cannot connect now (starting up, recovering)
         "57P01" | "57P02" | "57P03" => Fault::Outage,
-        // lock not available, query canceled (statement timeout), idle timeouts
-        "55P03" | "57014" | "25P03" | "57P05" => Fault::Transient,
+        // lock not available, an object in use (a replication slot still held by a
+        // reader that just died), query canceled (statement timeout), idle timeouts
+        "55P03" | "55006" | "57014" | "25P03" | "57P05" => Fault::Transient,
         _ => match &code[..code.len().min(2)] {
             // connection exceptions; insufficient resources (too many connections, out
             // of memory, disk full); system errors (I/O)
@@ -305,7 +306,7 @@ mod tests {
 
     #[test]
     fn sqlstates() {
-        for code in ["40001", "40P01", "55P03", "57014", "25P03"] {
+        for code in ["40001", "40P01", "55P03", "55006", "57014", "25P03"] {
             assert_eq!(sqlstate_fault(Some(code)), Fault::Transient, "{code}");
         }
         for code in [

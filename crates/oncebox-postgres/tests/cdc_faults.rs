@@ -464,3 +464,37 @@ async fn a_relay_that_lost_its_lock_reads_only_once_it_holds_it_again() {
     recorder.wait_for_payload("a:1").await;
     task.abort();
 }
+
+/// A publisher closed under the relay (its process stopping) is no fault of the message:
+/// the relay stops with `Error::Closed`, dead-letters nothing and confirms nothing past
+/// the message, which the next reader publishes. The decision is the consumer's and the
+/// polling relay's (`oncebox_core::retry`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_publisher_stops_the_relay_and_loses_nothing() {
+    let db = TestDb::new().await;
+    let slot = Slot::new();
+    let recorder = Recorder::default();
+    recorder.closed.store(true, Ordering::SeqCst);
+    let options = slot.options(CdcMode::Messages);
+    let task = started(&db, recorder.clone(), options.clone()).await;
+    emit(&db, &[keyed("c", 1)], true).await;
+
+    let ended = tokio::time::timeout(common::LONG, task)
+        .await
+        .expect("the relay stops")
+        .expect("the relay's task ends normally");
+    assert!(
+        matches!(ended, Err(oncebox_core::Error::Closed)),
+        "{ended:?}"
+    );
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'dead'")
+        .fetch_one(db.store.pool())
+        .await
+        .expect("the dead letters are counted");
+    assert_eq!(dead, 0, "nothing is dead-lettered");
+
+    recorder.closed.store(false, Ordering::SeqCst);
+    let task = spawn(relay(&db, recorder.clone(), options));
+    recorder.wait_for_payload("c:1").await;
+    task.abort();
+}

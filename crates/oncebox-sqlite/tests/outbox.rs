@@ -623,3 +623,24 @@ async fn version_1_databases_upgrade_and_keep_their_rows() {
         .unwrap();
     assert_eq!(outbox.stats().await.unwrap().done, 3);
 }
+
+/// A publisher closed under the relay (its process stopping) is no fault of the message:
+/// the row is handed back, not dead-lettered, and no attempt is spent on it.
+#[tokio::test]
+async fn a_closed_publisher_hands_the_message_back() {
+    struct Closed;
+    impl oncebox_core::Publisher for Closed {
+        async fn publish(&self, _: &oncebox_core::Message) -> oncebox_core::Result<()> {
+            Err(Error::Closed)
+        }
+    }
+    let db = db().await;
+    let outbox = db.store.outbox();
+    let message = msg(Some("k"), "m");
+    enqueue(&db.store, std::slice::from_ref(&message)).await;
+    let relay = Relay::new(outbox.clone(), Closed, SpoolOptions::new()).unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.released, report.dead), (1, 0), "{report:?}");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (1, 0));
+}

@@ -169,88 +169,9 @@ impl Panicked {
     }
 }
 
-/// What to do with a delivery whose processing failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum OnFailure {
-    /// Nack; redelivery after `delay`.
-    Retry { delay: Duration },
-    /// Dead-letter with `reason`.
-    DeadLetter { reason: String },
-    /// Keep the delivery and process it again after `delay` (the store is out).
-    Hold { delay: Duration },
-    /// Stop the consumer: the store or transport was closed.
-    Stop,
-}
-
-/// Decides what becomes of a delivery after its `attempts`th delivery failed with
-/// `error`; `outages` counts the outages seen while holding it so far.
-pub(crate) fn on_failure(
-    error: &Error,
-    attempts: u32,
-    outages: u32,
-    options: &ConsumerOptions,
-) -> OnFailure {
-    if matches!(error, Error::Closed) {
-        return OnFailure::Stop;
-    }
-    match error.fault() {
-        crate::Fault::Outage => OnFailure::Hold {
-            delay: options.backoff.delay(outages.max(1)),
-        },
-        crate::Fault::Transient if attempts < options.max_attempts => OnFailure::Retry {
-            delay: options.backoff.delay(attempts),
-        },
-        crate::Fault::Transient => OnFailure::DeadLetter {
-            reason: format!("gave up after {attempts} attempts: {error}"),
-        },
-        _ => OnFailure::DeadLetter {
-            reason: format!("permanent failure: {error}"),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn options() -> ConsumerOptions {
-        ConsumerOptions::new("c").max_attempts(3)
-    }
-
-    #[test]
-    fn permanent_failures_are_dead_lettered_at_once() {
-        let decided = on_failure(&Error::store_permanent("NOT NULL"), 1, 0, &options());
-        assert!(
-            matches!(&decided, OnFailure::DeadLetter { reason } if reason.starts_with("permanent failure")),
-            "{decided:?}"
-        );
-    }
-
-    #[test]
-    fn transient_failures_count_toward_the_limit() {
-        let error = Error::store_transient("deadlock");
-        assert!(matches!(
-            on_failure(&error, 2, 0, &options()),
-            OnFailure::Retry { .. }
-        ));
-        assert!(matches!(
-            on_failure(&error, 3, 0, &options()),
-            OnFailure::DeadLetter { .. }
-        ));
-    }
-
-    #[test]
-    fn outages_hold_the_delivery_whatever_its_attempts() {
-        let error = Error::store_outage("connection refused");
-        assert!(matches!(
-            on_failure(&error, 100, 7, &options()),
-            OnFailure::Hold { .. }
-        ));
-        assert_eq!(
-            on_failure(&Error::Closed, 1, 0, &options()),
-            OnFailure::Stop
-        );
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_handler_past_its_limit_is_stopped_as_a_transient_error() {

@@ -12,8 +12,9 @@ use tracing::Instrument;
 
 use super::ConsumerHealthHandle;
 use super::metrics::ConsumerMetrics;
-use super::process::{OnFailure, on_failure, unwind_as_error};
+use super::process::unwind_as_error;
 use super::{Outcome, Process};
+use crate::retry::{Decision, Retries};
 use crate::{Delivery, Error, Received, Result, Subscriber, trace};
 
 /// Called with each delivery and its outcome (metrics, progress, tests).
@@ -328,27 +329,28 @@ async fn settle_in_span<P: Process, D: Delivery>(
             }
             Err(error) => error,
         };
-        let decided = on_failure(&error, attempts, outages, options);
-        if !matches!(decided, OnFailure::Hold { .. }) {
+        let decided =
+            Retries::new(options.max_attempts, &options.backoff).decide(&error, attempts, outages);
+        if !matches!(decided, Decision::WaitOut { .. }) {
             // An outage held through is not this delivery's failure.
             trace::record_error(span, &error);
         }
         match decided {
-            OnFailure::Retry { delay } => {
+            Decision::Retry { delay } => {
                 tracing::debug!(consumer = %options.consumer, %error, ?delay, attempts, "processing failed; nacked");
                 delivery.nack(delay).await?;
                 let outcome = Outcome::Retrying { delay };
                 metrics.settled(&outcome, took);
                 return Ok(Some(outcome));
             }
-            OnFailure::DeadLetter { reason } => {
+            Decision::DeadLetter { reason } => {
                 tracing::warn!(consumer = %options.consumer, message = ?delivery.received(), %reason, "dead-lettered");
                 delivery.dead_letter(&reason).await?;
                 let outcome = Outcome::DeadLettered { reason };
                 metrics.settled(&outcome, took);
                 return Ok(Some(outcome));
             }
-            OnFailure::Hold { delay } => {
+            Decision::WaitOut { delay } => {
                 outages += 1;
                 tracing::warn!(consumer = %options.consumer, %error, ?delay, "store unreachable; holding the delivery");
                 metrics::counter!("oncebox_consumer_outage_retries_total", "consumer" => options.consumer.clone())
@@ -369,7 +371,7 @@ async fn settle_in_span<P: Process, D: Delivery>(
                     }
                 }
             }
-            OnFailure::Stop => {
+            Decision::Stop => {
                 tracing::warn!(consumer = %options.consumer, "the store is closed; stopping");
                 delivery.nack(Duration::ZERO).await?;
                 return Err(Error::Closed);

@@ -18,6 +18,7 @@ use super::{
     ClaimRequest, Claimed, LeaseToken, Settle, Settlement, Sink, SpoolItem, SpoolOptions,
     SpoolStore,
 };
+use crate::retry::{Decision, Retries};
 use crate::{Error, Fault, Result};
 
 /// Called with each item that is dead-lettered and the reason.
@@ -364,33 +365,32 @@ impl<S: SpoolStore, K: Sink<S::Item>> Spool<S, K> {
         };
         self.metrics.delivered(started.elapsed(), None);
         let attempts = row.attempts.saturating_add(1);
-        if error.fault() == Fault::Outage {
-            // No fault of the row: hand it back without counting an attempt, and make
-            // the loop back off before it claims again.
-            tracing::debug!(
-                spool = %self.options.name, item = %row.item.describe(), %error,
-                "the sink is unreachable; handed back"
-            );
-            *outage
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error.to_string());
-            return Settle::Release;
-        }
-        if error.is_transient() && attempts < self.options.max_attempts {
-            let delay = self.options.backoff.delay(attempts);
-            tracing::debug!(
-                spool = %self.options.name, item = %row.item.describe(), attempts, ?delay, %error,
-                "delivery failed; will retry"
-            );
-            return Settle::Retry {
-                at: SystemTime::now() + delay,
-                error: error.to_string(),
-            };
-        }
-        let reason = if error.is_transient() {
-            format!("gave up after {attempts} attempts: {error}")
-        } else {
-            format!("permanent failure: {error}")
+        let retries = Retries::new(self.options.max_attempts, &self.options.backoff);
+        let reason = match retries.decide(&error, attempts, 0) {
+            // A sink closed (its process stopping) or out: no fault of the row. Hand it
+            // back without counting an attempt, and make the loop back off before it
+            // claims again (it counts the outages in a row, per batch).
+            Decision::Stop | Decision::WaitOut { .. } => {
+                tracing::debug!(
+                    spool = %self.options.name, item = %row.item.describe(), %error,
+                    "the sink is unreachable; handed back"
+                );
+                *outage
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error.to_string());
+                return Settle::Release;
+            }
+            Decision::Retry { delay } => {
+                tracing::debug!(
+                    spool = %self.options.name, item = %row.item.describe(), attempts, ?delay, %error,
+                    "delivery failed; will retry"
+                );
+                return Settle::Retry {
+                    at: SystemTime::now() + delay,
+                    error: error.to_string(),
+                };
+            }
+            Decision::DeadLetter { reason } => reason,
         };
         tracing::warn!(
             spool = %self.options.name, item = %row.item.describe(), %reason,

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use oncebox_core::retry::{Decision, Retries};
 use oncebox_core::{Error, Fault, Message, Publisher, Result, trace};
 use pgwire_replication::{FeedbackObserver, PgWireError, ReplicationClient};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -53,10 +54,10 @@ pub(super) struct Statements {
 pub(super) enum Published {
     /// The broker confirmed it.
     Confirmed,
-    /// It will not be published: dead-letter it with this error.
-    Failed(Error),
-    /// The session wound down before the broker confirmed it: the next reader
-    /// publishes it again.
+    /// It will not be published: dead-letter it with this reason.
+    Failed(String),
+    /// The session wound down, or the publisher was closed, before the broker
+    /// confirmed it: the next reader publishes it again.
     Abandoned,
 }
 
@@ -281,14 +282,16 @@ impl<P: Publisher> CdcRelay<P> {
         ended
     }
 
-    /// Publishes `message`, retrying transient failures with backoff: an outage (the
-    /// broker unreachable) is retried without counting against the message. Once the
-    /// session winds down, nothing is retried.
+    /// Publishes `message`, retrying as [`Retries`] decides: transient failures with
+    /// backoff up to the attempt limit, an outage (the broker unreachable) without
+    /// counting against the message. Once the session winds down, or the publisher is
+    /// closed, nothing is retried.
     pub(super) async fn publish(&self, message: &Message) -> Published {
         let span = trace::send(self.publisher.messaging_system(), std::iter::once(message));
         let mut winding_down = self.winding_down.subscribe();
-        let published = async {
-            let mut failures = 0u32;
+        let retries = Retries::new(self.options.max_attempts, &self.options.backoff);
+        async {
+            let (mut attempts, mut outages) = (0u32, 0u32);
             loop {
                 let error = match tokio::time::timeout(
                     self.options.publish_timeout,
@@ -301,13 +304,24 @@ impl<P: Publisher> CdcRelay<P> {
                     Err(_) => Error::Timeout(self.options.publish_timeout),
                 };
                 if !error.is_outage() {
-                    failures += 1;
+                    attempts += 1;
                 }
-                if !error.is_transient() || failures >= self.options.max_attempts {
-                    return Published::Failed(error);
-                }
-                tracing::debug!(message_id = %message.id, %error, failures, "CDC relay: publish failed; retrying");
-                let delay = self.options.backoff.delay(failures.max(1));
+                let delay = match retries.decide(&error, attempts, outages) {
+                    Decision::Stop => return Published::Abandoned,
+                    Decision::WaitOut { delay } => {
+                        outages += 1;
+                        delay
+                    }
+                    Decision::Retry { delay } => {
+                        outages = 0;
+                        delay
+                    }
+                    Decision::DeadLetter { reason } => {
+                        trace::record_error(&span, &error);
+                        return Published::Failed(reason);
+                    }
+                };
+                tracing::debug!(message_id = %message.id, %error, attempts, outages, "CDC relay: publish failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     _ = winding_down.wait_for(|down| *down) => return Published::Abandoned,
@@ -318,11 +332,7 @@ impl<P: Publisher> CdcRelay<P> {
             }
         }
         .instrument(span.clone())
-        .await;
-        if let Published::Failed(error) = &published {
-            trace::record_error(&span, error);
-        }
-        published
+        .await
     }
 
     /// Records a message that will not be published, with `reason`: as a dead outbox
@@ -397,19 +407,13 @@ pub(super) async fn answers(lead: &mut PgConnection) -> bool {
 /// stream that ended are transient.
 pub(super) fn wire_error(error: PgWireError) -> Error {
     let fault = match &error {
-        PgWireError::Server(text) => match sqlstate(text) {
-            Some(OBJECT_IN_USE) => Fault::Transient,
-            code => oncebox_core::sql::sqlstate_fault(code),
-        },
+        PgWireError::Server(text) => oncebox_core::sql::sqlstate_fault(sqlstate(text)),
         PgWireError::Auth(_) | PgWireError::Tls(_) => Fault::Permanent,
         error if error.is_transient() => Fault::Outage,
         _ => Fault::Transient,
     };
     Error::store(error, fault)
 }
-
-/// `object_in_use`: the slot is still held by another connection.
-const OBJECT_IN_USE: &str = "55006";
 
 /// The SQLSTATE of a server error as `pgwire-replication` words it: `… (SQLSTATE
 /// XXXXX)` at the end of its text.

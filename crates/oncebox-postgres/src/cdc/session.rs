@@ -391,14 +391,15 @@ impl<'r, P: Publisher> Session<'r, P> {
                     self.published.push(seq);
                 }
             }
-            Published::Failed(error) => {
-                let reason = format!("publish failed: {error}");
+            Published::Failed(reason) => {
                 self.relay
                     .dead_letter(&job.message, job.seq, &bytes::Bytes::new(), &reason)
                     .await?;
             }
-            // Never confirmed: the next reader publishes it again.
-            Published::Abandoned => return Ok(()),
+            // Never confirmed: the next reader publishes it again. Outside a wind-down,
+            // the publisher was closed: the session, and the relay, end.
+            Published::Abandoned if self.winding_down => return Ok(()),
+            Published::Abandoned => return Err(Error::Closed),
         }
         if let Some(key) = &job.message.key {
             match self.waiting.get_mut(key).and_then(VecDeque::pop_front) {

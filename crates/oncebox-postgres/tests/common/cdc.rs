@@ -24,6 +24,9 @@ pub struct Recorder {
     pub down: Arc<AtomicBool>,
     /// Publish attempts, failed ones included.
     pub attempts: Arc<AtomicUsize>,
+    /// While set, the publisher is closed (its process stopping): every publish fails
+    /// with `Error::Closed`.
+    pub closed: Arc<AtomicBool>,
     accepting: Arc<AtomicBool>,
 }
 
@@ -32,6 +35,9 @@ impl Publisher for Recorder {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(Error::transport_outage("the broker is down"));
+        }
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
         }
         if message.topic == "refused" && !self.accepting.load(Ordering::SeqCst) {
             return Err(Error::transport_permanent("the broker refuses this topic"));
