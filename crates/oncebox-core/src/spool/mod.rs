@@ -18,8 +18,10 @@
 //! delivered but not settled are delivered again (at least once; consumers deduplicate).
 
 mod admin;
+mod dispatch;
 mod engine;
 mod lease;
+mod loops;
 mod metrics;
 mod options;
 mod relay;
