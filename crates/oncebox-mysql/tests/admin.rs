@@ -1,16 +1,14 @@
-//! The dashboard's reads of the outbox beyond the conformance suite's listing: the
-//! plans of the listing on a large table, and the messages published per minute.
+//! The dashboard's reads of the outbox beyond the conformance suite's listing and
+//! counts: the plans of the listing on a large table.
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use oncebox_core::spool::{MinuteCount, RowFilter, RowStatus};
-use oncebox_core::{Message, MessageId};
-use oncebox_mysql::MySqlOutbox;
-use oncebox_testkit::outbox::fill_listed;
+use oncebox_core::MessageId;
+use oncebox_core::spool::{RowFilter, RowStatus};
 
-use common::{TestDb, enqueue};
+use common::TestDb;
 
 /// On a table of 250,000 rows, mostly published, a page at any depth is read from
 /// `before` on in the index that fits the filter: no sort, and rows of a status from the
@@ -107,76 +105,6 @@ async fn listing_plans_read_an_index_from_before() {
         assert_eq!((row[3], row[5]), (access, index), "{filter:?}: {plan}");
         assert!(!plan.contains("filesort"), "{filter:?} sorts: {plan}");
     }
-}
-
-/// Sets the publication times of the done rows around the database's current minute `m`: two in
-/// `m - 10`, one in `m - 3`, one two hours ago, the rest in `m - 2`; then counts them.
-#[tokio::test(flavor = "multi_thread")]
-async fn published_per_minute_counts_done_rows_by_minute() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    fill(&db, &outbox).await;
-    let done = outbox
-        .rows(&filter(|f| f.status = Some(RowStatus::Done)), None, 100)
-        .await
-        .expect("done rows");
-    assert_eq!(done.len(), 7);
-    let minute: i64 = sqlx::query_scalar(
-        "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))
-                DIV 60000000 * 60000",
-    )
-    .fetch_one(db.store.pool())
-    .await
-    .expect("the database's minute");
-    let at = |minutes_ago: i64, ms: i64| minute - 60_000 * minutes_ago + ms;
-    let times = [
-        at(10, 5_000),
-        at(10, 50_000),
-        at(3, 59_500),
-        at(120, 0),
-        at(2, 1_000),
-        at(2, 30_000),
-        at(2, 59_999),
-    ];
-    for (row, time) in done.iter().zip(times) {
-        sqlx::query("UPDATE oncebox_outbox SET done_at = ? WHERE id = ?")
-            .bind(time)
-            .bind(row.message.id.as_uuid().as_bytes().to_vec())
-            .execute(db.store.pool())
-            .await
-            .expect("set the publication time");
-    }
-    let count = |minutes_ago: i64, published: u64| MinuteCount {
-        minute: UNIX_EPOCH
-            + Duration::from_millis(
-                u64::try_from(minute - 60_000 * minutes_ago).expect("after 1970"),
-            ),
-        published,
-    };
-    let hour = outbox
-        .published_per_minute(SystemTime::now() - Duration::from_secs(3600))
-        .await
-        .expect("published per minute");
-    assert_eq!(hour, [count(10, 2), count(3, 1), count(2, 3)]);
-    let recent = outbox
-        .published_per_minute(SystemTime::now() - Duration::from_secs(300))
-        .await
-        .expect("published per minute");
-    assert_eq!(recent, [count(3, 1), count(2, 3)]);
-    let future = outbox
-        .published_per_minute(SystemTime::now() + Duration::from_secs(60))
-        .await
-        .expect("published per minute");
-    assert!(future.is_empty());
-}
-
-/// Fills `outbox` as the conformance suite's listing check does.
-async fn fill(db: &TestDb, outbox: &MySqlOutbox) -> SystemTime {
-    fill_listed(outbox, "", async |messages: &[Message]| {
-        enqueue(outbox, &db.store, messages).await;
-        Ok(())
-    })
-    .await
 }
 
 fn filter(set: impl FnOnce(&mut RowFilter)) -> RowFilter {

@@ -3,13 +3,17 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use oncebox_core::time::to_unix_millis;
 use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_mysql::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
 use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
-use oncebox_testkit::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
+use oncebox_testkit::outbox::{
+    Capabilities, OutboxHarness, ProducerTx, RowState as KitRowState, RowStatus as KitRowStatus,
+};
+use sqlx::{MySql, Transaction};
 
 use common::TestDb;
 
@@ -27,38 +31,83 @@ impl MySqlHarness {
         Self { db }
     }
 
-    async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
-        let tx = self.db.enqueued(messages).await?;
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-            self.db.store.outbox().wake();
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
-        }
+    async fn begin_tx(&self) -> Result<Transaction<'static, MySql>> {
+        self.db
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(Error::store_transient)
+    }
+}
+
+/// A producer's transaction with the outbox it enqueues into.
+struct MySqlProducer {
+    tx: Transaction<'static, MySql>,
+    outbox: MySqlOutbox,
+}
+
+impl ProducerTx for MySqlProducer {
+    async fn enqueue(&mut self, message: &Message) -> Result<()> {
+        self.outbox.enqueue(&mut self.tx, message).await
+    }
+
+    async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(Error::store_transient)?;
+        self.outbox.wake();
         Ok(())
+    }
+
+    async fn rollback(self) -> Result<()> {
+        self.tx.rollback().await.map_err(Error::store_transient)
     }
 }
 
 impl OutboxHarness for MySqlHarness {
     type Store = MySqlOutbox;
+    type Producer = MySqlProducer;
 
     fn store(&self) -> MySqlOutbox {
         self.db.store.outbox()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .producer_key_locks(true)
+            .claim_window(true)
+            .replay_waits_for_the_key(true)
+            .time_resolution(Duration::from_millis(1))
+            .publication_times(true)
+    }
+
+    async fn begin(&self) -> Result<MySqlProducer> {
+        Ok(MySqlProducer {
+            tx: self.begin_tx().await?,
+            outbox: self.db.store.outbox(),
+        })
     }
 
     fn deleting_on_publish(&self) -> Option<MySqlOutbox> {
         Some(self.db.store.outbox().delete_on_publish(true))
     }
 
-    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
+    fn windowed(&self, rows: usize) -> Result<MySqlOutbox> {
+        Ok(self.db.store.outbox().with_claim_window(rows))
+    }
+
+    async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
+        sqlx::query("UPDATE oncebox_outbox SET done_at = ? WHERE id = ?")
+            .bind(to_unix_millis(at))
+            .bind(id.as_uuid().as_bytes().to_vec())
+            .execute(self.db.store.pool())
             .await
             .map_err(Error::store_transient)?;
+        Ok(())
+    }
+
+    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
+        let outbox = self.db.store.outbox();
+        let mut tx = self.begin_tx().await?;
         outbox.enqueue_scheduled(&mut tx, message, when).await?;
         tx.commit().await.map_err(Error::store_transient)?;
         outbox.wake();
@@ -66,16 +115,7 @@ impl OutboxHarness for MySqlHarness {
     }
 
     async fn cancel(&self, id: MessageId) -> Result<bool> {
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
-        tx.commit().await.map_err(Error::store_transient)?;
-        Ok(cancelled)
+        self.cancel_kept_open(id, Duration::ZERO, true).await
     }
 
     async fn cancel_kept_open(
@@ -84,13 +124,7 @@ impl OutboxHarness for MySqlHarness {
         open_for: Duration,
         commit: bool,
     ) -> Result<bool> {
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
         tokio::time::sleep(open_for).await;
         if commit {
@@ -99,14 +133,6 @@ impl OutboxHarness for MySqlHarness {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
         Ok(cancelled)
-    }
-
-    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, true).await
-    }
-
-    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, false).await
     }
 
     async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
@@ -137,18 +163,8 @@ impl OutboxHarness for MySqlHarness {
         commit: bool,
     ) -> Result<()> {
         let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        sqlx::query("INSERT INTO conformance_effects (`key`) VALUES (?)")
-            .bind(business.to_owned())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
+        Self::insert_effect(&mut tx, business).await?;
         let batch = outbox.enqueue_batch(&mut tx, messages).await;
         if commit {
             tx.commit().await.map_err(Error::store_transient)?;
@@ -163,7 +179,6 @@ impl OutboxHarness for MySqlHarness {
         InboxHarness::count_effects(self, business).await
     }
 }
-
 impl InboxHarness for MySqlHarness {
     type Store = MySqlInbox;
 

@@ -1,60 +1,32 @@
-//! The outbox beyond the conformance suite: wake-ups, delete on publish, admin calls,
-//! migrations, raw SQL, bad input, exact keys and the claim's plans.
+//! The outbox beyond the conformance suite, on MySQL's own means: rows written by hand,
+//! values too long for their columns, exact keys, migrations, raw SQL, claims the
+//! process remembers and the claim's plans.
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{Settle, Settlement, SpoolStore};
 use oncebox_core::{Error, Fault, Limits, Message};
-use oncebox_mysql::{MySqlStore, RowStatus, ValueTooLong};
+use oncebox_mysql::{MySqlStore, ValueTooLong};
 use sqlx::mysql::MySqlPoolOptions;
 
 use common::{LONG, TestDb, claim, done, enqueue, labels, msg, settle_all};
 
-/// `wake` wakes a relay of the same process.
+/// Rows written by something other than oncebox (headers that are not strings, a key
+/// that is not UTF-8) are not handed out but dead-lettered with a reason naming what is
+/// wrong, and reading the dead letters names the column. (Counts and dead letters of
+/// oncebox's own rows are the suite's `stats_and_dead_letters`.)
 #[tokio::test(flavor = "multi_thread")]
-async fn wake_ends_a_wait_at_once() {
+async fn undecodable_rows_are_dead_lettered_not_handed_out() {
     let db = TestDb::new().await;
     let outbox = db.store.outbox();
-    let waiter = {
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            outbox.wait_for_work(Duration::from_secs(30)).await;
-            started.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    db.store.outbox().wake();
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("woken")
-        .unwrap();
-    assert!(waited < Duration::from_secs(5));
-}
-
-/// Counts, the oldest pending age, dead letters with their reason, undecodable rows.
-#[tokio::test(flavor = "multi_thread")]
-async fn admin_calls_and_undecodable_rows() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    let empty = outbox.stats().await.unwrap();
-    assert_eq!((empty.pending, empty.done, empty.dead), (0, 0, 0));
-    assert_eq!(empty.oldest_pending_age, None);
-    let mut old = msg(Some("k"), "old");
-    old.created_at = SystemTime::now() - Duration::from_secs(60);
-    enqueue(&outbox, &db.store, &[old.clone(), msg(None, "new")]).await;
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!(stats.pending, 2);
-    let age = stats.oldest_pending_age.unwrap();
-    assert!(
-        age >= Duration::from_secs(59) && age < Duration::from_secs(120),
-        "{age:?}"
-    );
-
-    // Rows written by something other than oncebox: headers that are not strings, and a
-    // key that is not UTF-8.
+    enqueue(
+        &outbox,
+        &db.store,
+        &[msg(Some("k"), "old"), msg(None, "new")],
+    )
+    .await;
     db.exec(
         "INSERT INTO oncebox_outbox (id, topic, headers, payload, created_at)
          VALUES (UNHEX(REPLACE(UUID(), '-', '')), 'orders', '{\"n\": 1}', X'00', 0);
@@ -84,68 +56,19 @@ async fn admin_calls_and_undecodable_rows() {
         reasons[1].contains("key") && reasons[1].contains("UTF-8"),
         "{reasons:?}"
     );
-    db.exec("DELETE FROM oncebox_outbox WHERE status = 2").await;
-
-    let poison = msg(Some("p"), "poison");
-    enqueue(&outbox, &db.store, std::slice::from_ref(&poison)).await;
-    let (token, rows) = claim(&outbox, 10, LONG).await;
-    let dead = Settlement {
-        seq: rows[0].seq,
-        outcome: Settle::Dead {
-            reason: "refused by the broker".into(),
-        },
-    };
-    outbox.settle(token, &[dead]).await.unwrap();
-    let letters = outbox.dead_letters(10).await.unwrap();
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].id, poison.id);
-    assert_eq!(
-        letters[0].message,
-        without_sub_millis(&poison, &letters[0].message)
-    );
-    assert_eq!(letters[0].reason, "refused by the broker");
-    assert_eq!(letters[0].attempts, 1);
-    let state = outbox.status(poison.id).await.unwrap().unwrap();
-    assert_eq!(state.status, RowStatus::Dead);
-    assert!(state.settled_at.is_some());
 }
 
-/// The stored creation time keeps milliseconds; compare the rest exactly.
-fn without_sub_millis(sent: &Message, stored: &Message) -> Message {
-    let mut expected = sent.clone();
-    expected.created_at = stored.created_at;
-    let drift = sent
-        .created_at
-        .duration_since(stored.created_at)
-        .unwrap_or_default();
-    assert!(
-        drift < Duration::from_millis(1),
-        "created_at drifted by {drift:?}"
-    );
-    expected
-}
-
-/// A duplicate id leaves the transaction usable; bad input is a typed error, writes
-/// nothing, and leaves the transaction usable too.
+/// Values that do not fit their columns are refused with a permanent error naming the
+/// value, its length and the limit, never cut, and the transaction stays usable. (The
+/// refusals every outbox makes are the suite's `refusals_keep_the_transaction_usable`.)
 #[tokio::test(flavor = "multi_thread")]
-async fn duplicates_and_bad_input_keep_the_transaction_usable() {
+async fn values_too_long_are_refused_not_cut() {
     let db = TestDb::new().await;
     let outbox = db
         .store
         .outbox()
-        .with_limits(Limits::new().max_payload_bytes(8).max_topic_len(1000));
-    let first = msg(Some("k"), "first");
-    enqueue(&outbox, &db.store, std::slice::from_ref(&first)).await;
+        .with_limits(Limits::new().max_topic_len(1000));
     let mut tx = db.store.pool().begin().await.unwrap();
-    let err = outbox.enqueue(&mut tx, &first).await.unwrap_err();
-    assert!(err.is_duplicate(), "{err}");
-    let err = outbox
-        .enqueue(&mut tx, &msg(None, "much too large"))
-        .await
-        .unwrap_err();
-    assert!(err.is_invalid_input(), "{err}");
-
-    // Values that do not fit their columns are refused, never cut.
     let long_key = msg(Some(&"k".repeat(513)), "key");
     let mut long_topic = msg(None, "topic");
     long_topic.topic = "t".repeat(256);
@@ -169,14 +92,13 @@ async fn duplicates_and_bad_input_keep_the_transaction_usable() {
         assert_eq!(too_long.what(), what);
         assert_eq!((too_long.length(), too_long.limit()), (length, limit));
     }
-    let after = msg(Some("k"), "after");
     outbox
-        .enqueue(&mut tx, &after)
+        .enqueue(&mut tx, &msg(Some("k"), "after"))
         .await
         .expect("the transaction is still usable");
     tx.commit().await.unwrap();
     let stats = outbox.stats().await.unwrap();
-    assert_eq!(stats.pending, 2);
+    assert_eq!(stats.pending, 1);
 }
 
 /// Keys are compared byte for byte: `k`, `K` and `k ` are three keys, so a retrying `k`
@@ -318,88 +240,6 @@ async fn version_1_databases_upgrade_and_keep_their_rows() {
     assert_eq!(outbox.stats().await.unwrap().done, 3);
     pool.close().await;
     common::drop_database(name);
-}
-
-/// `settle_and_claim` settles, then claims in the same transaction: the claim sees the
-/// settlements (a key settled done is claimed further, a key settled for retry stays
-/// blocked), settlements under a stale token are ignored, and the result is what
-/// `settle` then `claim` would give.
-#[tokio::test(flavor = "multi_thread")]
-async fn settle_and_claim_sees_its_settlements() {
-    use oncebox_core::spool::{ClaimRequest, LeaseToken};
-
-    for delete_done in [false, true] {
-        let db = TestDb::new().await;
-        let outbox = db.store.outbox().delete_on_publish(delete_done);
-        let messages = [
-            msg(Some("a"), "a1"),
-            msg(Some("b"), "b1"),
-            msg(Some("a"), "a2"),
-            msg(Some("b"), "b2"),
-            msg(None, "u1"),
-        ];
-        enqueue(&outbox, &db.store, &messages).await;
-
-        // First claim: the window takes the first row of each key (limit 2).
-        let (token, rows) = claim(&outbox, 2, LONG).await;
-        assert_eq!(labels(&rows), ["a1", "b1"]);
-
-        // a1 done, b1 retried later: the next claim may take a2, not b2.
-        let settlements = vec![
-            Settlement {
-                seq: rows[0].seq,
-                outcome: Settle::Done,
-            },
-            Settlement {
-                seq: rows[1].seq,
-                outcome: Settle::Retry {
-                    at: SystemTime::now() + Duration::from_secs(3600),
-                    error: "broker down".to_owned(),
-                },
-            },
-        ];
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let next = outbox
-            .settle_and_claim(token, &settlements, &request)
-            .await
-            .expect("settle and claim");
-        assert_eq!(labels(&next), ["a2", "u1"], "delete_done {delete_done}");
-        assert!(next.iter().all(|row| row.token == request.token));
-
-        // A stale token settles nothing: a2 and u1 stay leased to the second claim.
-        let stale = done(&next);
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let none = outbox
-            .settle_and_claim(LeaseToken::new(), &stale, &request)
-            .await
-            .expect("settle and claim");
-        assert!(none.is_empty(), "got {:?}", labels(&none));
-
-        // The real token settles them; nothing else is due (b1 waits, b2 behind it).
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let none = outbox
-            .settle_and_claim(next[0].token, &done(&next), &request)
-            .await
-            .expect("settle and claim");
-        assert!(none.is_empty(), "got {:?}", labels(&none));
-        let stats = outbox.stats().await.expect("stats");
-        let expected_done = if delete_done { 0 } else { 3 };
-        assert_eq!(stats.done, expected_done, "delete_done {delete_done}");
-        assert_eq!(stats.pending, 2, "delete_done {delete_done}");
-        drop(db);
-    }
 }
 
 /// A claim's window, read in the request that reads the claims, passes over the rows of

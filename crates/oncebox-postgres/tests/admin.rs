@@ -1,26 +1,20 @@
-//! The dashboard's reads of the outbox beyond the conformance suite's listing: the
-//! messages published per minute, on oncebox's own table and on a Debezium-style one, and
-//! the listing of a Debezium-style table.
+//! The dashboard's reads of a Debezium-style outbox table: its listing and the messages
+//! published per minute, checked as the suite checks oncebox's own table.
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use oncebox_core::Message;
-use oncebox_core::spool::{MinuteCount, RowFilter, RowStatus};
+use oncebox_core::spool::RowFilter;
+use oncebox_core::{Error, Message};
 use oncebox_postgres::{DebeziumLayout, PgOutbox};
-use oncebox_testkit::outbox::{check_listing, fill_listed};
+use oncebox_testkit::outbox::{check_listing, check_published_per_minute, fill_listed};
 
 use common::{TestDb, enqueue};
 
-#[tokio::test(flavor = "multi_thread")]
-async fn published_per_minute_counts_done_rows_by_minute() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    fill(&db, &outbox, "").await;
-    check_published_per_minute(&db, &outbox, "outbox", "done_at").await;
-}
-
+/// A Debezium-style table is listed, and its published rows counted per minute, as
+/// oncebox's own table is by the suite (`rows_listed_newest_first_filtered_and_paged`,
+/// `published_per_minute_counts_done_rows_by_minute`).
 #[tokio::test(flavor = "multi_thread")]
 async fn debezium_tables_are_listed_and_counted_alike() {
     let db = TestDb::new().await;
@@ -64,7 +58,22 @@ async fn debezium_tables_are_listed_and_counted_alike() {
         let rows = outbox.rows(&filter, None, 100).await.expect("rows");
         assert!(rows.is_empty(), "{filter:?} matched {} rows", rows.len());
     }
-    check_published_per_minute(&db, &outbox, "outbox_events", "oncebox_done_at").await;
+    check_published_per_minute(&outbox, async |id, at| {
+        let seconds = at
+            .duration_since(UNIX_EPOCH)
+            .map_err(Error::store_permanent)?
+            .as_secs_f64();
+        sqlx::query(
+            "UPDATE outbox_events SET oncebox_done_at = to_timestamp($1) WHERE id = $2::uuid",
+        )
+        .bind(seconds)
+        .bind(id.to_string())
+        .execute(db.store.pool())
+        .await
+        .map_err(Error::store_transient)?;
+        Ok(())
+    })
+    .await;
 }
 
 /// Fills `outbox` as the conformance suite's listing check does, with topics under
@@ -75,66 +84,4 @@ async fn fill(db: &TestDb, outbox: &PgOutbox, prefix: &str) -> SystemTime {
         Ok(())
     })
     .await
-}
-
-/// Sets the publication times of the done rows of the outbox [`fill`] made (`column` of
-/// `table`) around the database's current minute `m`: two in `m - 10`, one in `m - 3`,
-/// one two hours ago, the rest in `m - 2`; then counts them.
-async fn check_published_per_minute(db: &TestDb, outbox: &PgOutbox, table: &str, column: &str) {
-    let done = outbox
-        .rows(&filter(|f| f.status = Some(RowStatus::Done)), None, 100)
-        .await
-        .expect("done rows");
-    assert_eq!(done.len(), 7);
-    let minute: i64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM date_trunc('minute', statement_timestamp()))::bigint",
-    )
-    .fetch_one(db.store.pool())
-    .await
-    .expect("the database's minute");
-    let at = |minutes_ago: i64, seconds: f64| (minute - 60 * minutes_ago) as f64 + seconds;
-    let times = [
-        at(10, 5.0),
-        at(10, 50.0),
-        at(3, 59.5),
-        at(120, 0.0),
-        at(2, 1.0),
-        at(2, 30.0),
-        at(2, 59.999),
-    ];
-    let update = format!("UPDATE {table} SET {column} = to_timestamp($1) WHERE id = $2::uuid");
-    for (row, time) in done.iter().zip(times) {
-        sqlx::query(sqlx::AssertSqlSafe(update.clone()))
-            .bind(time)
-            .bind(row.message.id.to_string())
-            .execute(db.store.pool())
-            .await
-            .expect("set the publication time");
-    }
-    let count = |minutes_ago: i64, published: u64| MinuteCount {
-        minute: UNIX_EPOCH
-            + Duration::from_secs(u64::try_from(minute - 60 * minutes_ago).expect("after 1970")),
-        published,
-    };
-    let hour = outbox
-        .published_per_minute(SystemTime::now() - Duration::from_secs(3600))
-        .await
-        .expect("published per minute");
-    assert_eq!(hour, [count(10, 2), count(3, 1), count(2, 3)]);
-    let recent = outbox
-        .published_per_minute(SystemTime::now() - Duration::from_secs(300))
-        .await
-        .expect("published per minute");
-    assert_eq!(recent, [count(3, 1), count(2, 3)]);
-    let future = outbox
-        .published_per_minute(SystemTime::now() + Duration::from_secs(60))
-        .await
-        .expect("published per minute");
-    assert!(future.is_empty());
-}
-
-fn filter(set: impl FnOnce(&mut RowFilter)) -> RowFilter {
-    let mut filter = RowFilter::default();
-    set(&mut filter);
-    filter
 }

@@ -4,92 +4,128 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, RowStatus};
 use oncebox_testkit::dedup::DedupHarness;
 use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
-use oncebox_testkit::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
+use oncebox_testkit::outbox::{
+    Capabilities, OutboxHarness, ProducerTx, RowState as KitRowState, RowStatus as KitRowStatus,
+};
+use sqlx::{Postgres, Transaction};
 
 use common::TestDb;
 
 /// A migrated schema plus the suite's effects table (deliberately without a unique
-/// constraint, so that a second effect is counted).
+/// constraint, so that a second effect is counted), its outbox claiming with held
+/// claims or leased ones.
 struct PgHarness {
     db: TestDb,
+    held_claims: bool,
 }
 
 impl PgHarness {
+    /// With held claims, the outbox's default.
     async fn new() -> Self {
+        Self::with_held_claims(true).await
+    }
+
+    /// With leased claims instead (see `PgOutbox::with_held_claims`).
+    async fn leased() -> Self {
+        Self::with_held_claims(false).await
+    }
+
+    async fn with_held_claims(held_claims: bool) -> Self {
         let db = TestDb::with_connections(10).await;
         db.exec("CREATE TABLE conformance_effects (key text NOT NULL)")
             .await;
-        Self { db }
+        Self { db, held_claims }
     }
 
-    async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
-        let tx = self.db.enqueued(messages).await?;
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-            self.db.store.outbox().wake();
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
-        }
-        Ok(())
-    }
-
-    /// [`OutboxHarness::enqueue_batch`] with the outbox `outbox`.
-    async fn enqueue_batch_with(
-        &self,
-        outbox: &PgOutbox,
-        business: &str,
-        messages: &[Message],
-        commit: bool,
-    ) -> Result<()> {
-        let mut tx = self
-            .db
+    async fn begin_tx(&self) -> Result<Transaction<'static, Postgres>> {
+        self.db
             .store
             .pool()
             .begin()
             .await
-            .map_err(Error::store_transient)?;
-        sqlx::query("INSERT INTO conformance_effects (key) VALUES ($1)")
-            .bind(business.to_owned())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::store_transient)?;
-        let batch = outbox.enqueue_batch(&mut tx, messages).await;
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-            outbox.wake();
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
-        }
-        batch
+            .map_err(Error::store_transient)
+    }
+}
+
+/// A producer's transaction with the outbox it enqueues into.
+struct PgProducer {
+    tx: Transaction<'static, Postgres>,
+    outbox: PgOutbox,
+}
+
+impl ProducerTx for PgProducer {
+    async fn enqueue(&mut self, message: &Message) -> Result<()> {
+        self.outbox.enqueue(&mut self.tx, message).await
+    }
+
+    async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(Error::store_transient)?;
+        self.outbox.wake();
+        Ok(())
+    }
+
+    async fn rollback(self) -> Result<()> {
+        self.tx.rollback().await.map_err(Error::store_transient)
     }
 }
 
 impl OutboxHarness for PgHarness {
     type Store = PgOutbox;
+    type Producer = PgProducer;
 
     fn store(&self) -> PgOutbox {
-        self.db.store.outbox()
+        self.db.store.outbox().with_held_claims(self.held_claims)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .producer_key_locks(true)
+            .claim_window(true)
+            .held_claims(self.held_claims)
+            .replay_waits_for_the_key(true)
+            .keeps_enqueue_time(true)
+            .time_resolution(Duration::from_micros(1))
+            .publication_times(true)
+    }
+
+    async fn begin(&self) -> Result<PgProducer> {
+        Ok(PgProducer {
+            tx: self.begin_tx().await?,
+            outbox: self.db.store.outbox(),
+        })
     }
 
     fn deleting_on_publish(&self) -> Option<PgOutbox> {
-        Some(self.db.store.outbox().delete_on_publish(true))
+        Some(OutboxHarness::store(self).delete_on_publish(true))
+    }
+
+    fn windowed(&self, rows: usize) -> Result<PgOutbox> {
+        Ok(OutboxHarness::store(self).with_claim_window(rows))
+    }
+
+    async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
+        let seconds = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(Error::store_permanent)?
+            .as_secs_f64();
+        sqlx::query("UPDATE outbox SET done_at = to_timestamp($1) WHERE id = $2::uuid")
+            .bind(seconds)
+            .bind(id.to_string())
+            .execute(self.db.store.pool())
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(())
     }
 
     async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
         let outbox = self.db.store.outbox();
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         outbox.enqueue_scheduled(&mut tx, message, when).await?;
         tx.commit().await.map_err(Error::store_transient)?;
         outbox.wake();
@@ -97,16 +133,7 @@ impl OutboxHarness for PgHarness {
     }
 
     async fn cancel(&self, id: MessageId) -> Result<bool> {
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
-        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
-        tx.commit().await.map_err(Error::store_transient)?;
-        Ok(cancelled)
+        self.cancel_kept_open(id, Duration::ZERO, true).await
     }
 
     async fn cancel_kept_open(
@@ -115,13 +142,7 @@ impl OutboxHarness for PgHarness {
         open_for: Duration,
         commit: bool,
     ) -> Result<bool> {
-        let mut tx = self
-            .db
-            .store
-            .pool()
-            .begin()
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
         tokio::time::sleep(open_for).await;
         if commit {
@@ -130,14 +151,6 @@ impl OutboxHarness for PgHarness {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
         Ok(cancelled)
-    }
-
-    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, true).await
-    }
-
-    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, false).await
     }
 
     async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
@@ -168,8 +181,16 @@ impl OutboxHarness for PgHarness {
         commit: bool,
     ) -> Result<()> {
         let outbox = self.db.store.outbox();
-        self.enqueue_batch_with(&outbox, business, messages, commit)
-            .await
+        let mut tx = self.begin_tx().await?;
+        Self::insert_effect(&mut tx, business).await?;
+        let batch = outbox.enqueue_batch(&mut tx, messages).await;
+        if commit {
+            tx.commit().await.map_err(Error::store_transient)?;
+            outbox.wake();
+        } else {
+            tx.rollback().await.map_err(Error::store_transient)?;
+        }
+        batch
     }
 
     async fn business_rows(&self, business: &str) -> Result<u64> {
@@ -236,90 +257,19 @@ impl DedupHarness for PgHarness {
     }
 }
 
-/// The outbox with leased claims instead of held ones (see
-/// `PgOutbox::with_held_claims`); everything else as [`PgHarness`].
-struct LeasedHarness(PgHarness);
-
-impl LeasedHarness {
-    async fn new() -> Self {
-        Self(PgHarness::new().await)
-    }
-}
-
-impl OutboxHarness for LeasedHarness {
-    type Store = PgOutbox;
-
-    fn store(&self) -> PgOutbox {
-        self.0.db.store.outbox().with_held_claims(false)
-    }
-
-    fn deleting_on_publish(&self) -> Option<PgOutbox> {
-        Some(
-            self.0
-                .db
-                .store
-                .outbox()
-                .with_held_claims(false)
-                .delete_on_publish(true),
-        )
-    }
-
-    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
-        OutboxHarness::enqueue_scheduled(&self.0, message, when).await
-    }
-
-    async fn cancel(&self, id: MessageId) -> Result<bool> {
-        OutboxHarness::cancel(&self.0, id).await
-    }
-
-    async fn cancel_kept_open(
-        &self,
-        id: MessageId,
-        open_for: Duration,
-        commit: bool,
-    ) -> Result<bool> {
-        OutboxHarness::cancel_kept_open(&self.0, id, open_for, commit).await
-    }
-
-    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
-        self.0.enqueue_all(messages, true).await
-    }
-
-    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
-        self.0.enqueue_all(messages, false).await
-    }
-
-    async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
-        OutboxHarness::row_state(&self.0, id).await
-    }
-
-    async fn enqueue_batch(
-        &self,
-        business: &str,
-        messages: &[Message],
-        commit: bool,
-    ) -> Result<()> {
-        OutboxHarness::enqueue_batch(&self.0, business, messages, commit).await
-    }
-
-    async fn business_rows(&self, business: &str) -> Result<u64> {
-        OutboxHarness::business_rows(&self.0, business).await
-    }
-}
-
 /// One `#[tokio::test]` per check, in a module named after the suite (or as given), each
 /// in a fresh schema.
 macro_rules! suite {
     ($suite:ident: $($check:ident),* $(,)?) => {
-        suite!($suite = $suite with PgHarness: $($check),*);
+        suite!($suite = $suite with new: $($check),*);
     };
-    ($module:ident = $suite:ident with $harness:ident: $($check:ident),* $(,)?) => {
+    ($module:ident = $suite:ident with $constructor:ident: $($check:ident),* $(,)?) => {
         mod $module {
-            use super::$harness;
+            use super::PgHarness;
             $(
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $check() {
-                    oncebox_testkit::$suite::$check(&$harness::new().await).await;
+                    oncebox_testkit::$suite::$check(&PgHarness::$constructor().await).await;
                 }
             )*
         }
@@ -328,7 +278,7 @@ macro_rules! suite {
 
 oncebox_testkit::outbox_checks!(suite!(outbox:));
 
-oncebox_testkit::outbox_checks!(suite!(outbox_leased = outbox with LeasedHarness:));
+oncebox_testkit::outbox_checks!(suite!(outbox_leased = outbox with leased:));
 
 oncebox_testkit::inbox_checks!(suite!(inbox:));
 

@@ -1,13 +1,13 @@
-//! The outbox beyond the conformance suite: wake-ups, delete on publish, admin calls,
-//! schemas, raw SQL and bad input.
+//! The outbox beyond the conformance suite, on PostgreSQL's own means: NOTIFY wake-ups,
+//! rows written by hand, schemas, raw SQL and creation times from clocks far off.
 
 mod common;
 
 use std::time::{Duration, Instant, SystemTime};
 
+use oncebox_core::Error;
 use oncebox_core::memory::MemoryBroker;
-use oncebox_core::spool::{Relay, Settle, Settlement, SpoolOptions, SpoolStore};
-use oncebox_core::{Error, InvalidMessage, Limits, Message};
+use oncebox_core::spool::{Relay, SpoolOptions, SpoolStore};
 use oncebox_postgres::{PgStore, RowStatus};
 use sqlx::postgres::PgPoolOptions;
 
@@ -115,47 +115,20 @@ async fn notify_survives_a_killed_listener_connection() {
     running.await.unwrap().unwrap();
 }
 
-/// Without NOTIFY, `wake` wakes a relay of the same process.
+/// A row written by something other than oncebox, with headers that are not strings,
+/// is not handed out but dead-lettered, and reading the dead letters names the column.
+/// (Counts and dead letters of oncebox's own rows are the suite's
+/// `stats_and_dead_letters`.)
 #[tokio::test(flavor = "multi_thread")]
-async fn wake_ends_a_wait_at_once() {
+async fn undecodable_rows_are_dead_lettered_not_handed_out() {
     let db = TestDb::new().await;
     let outbox = db.store.outbox();
-    let waiter = {
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            outbox.wait_for_work(Duration::from_secs(30)).await;
-            started.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    outbox.wake();
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("woken")
-        .unwrap();
-    assert!(waited < Duration::from_secs(5));
-}
-
-/// Counts, the oldest pending age, dead letters with their reason, undecodable rows.
-#[tokio::test(flavor = "multi_thread")]
-async fn admin_calls_and_undecodable_rows() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    let empty = outbox.stats().await.unwrap();
-    assert_eq!((empty.pending, empty.done, empty.dead), (0, 0, 0));
-    assert_eq!(empty.oldest_pending_age, None);
-    let mut old = msg(Some("k"), "old");
-    old.created_at = SystemTime::now() - Duration::from_secs(60);
-    enqueue(&outbox, &db.store, &[old.clone(), msg(None, "new")]).await;
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!(stats.pending, 2);
-    // Created a minute back by its producer, enqueued just now: it has waited in the
-    // outbox since its enqueue (the later of its creation and the time it became due).
-    let age = stats.oldest_pending_age.unwrap();
-    assert!(age < Duration::from_secs(30), "{age:?}");
-
-    // A row written by something other than oncebox, with headers that are not strings.
+    enqueue(
+        &outbox,
+        &db.store,
+        &[msg(Some("k"), "old"), msg(None, "new")],
+    )
+    .await;
     db.exec(
         "INSERT INTO outbox (id, topic, headers, payload)
          VALUES (gen_random_uuid(), 'orders', '{\"n\": 1}', '\\x00')",
@@ -173,84 +146,6 @@ async fn admin_calls_and_undecodable_rows() {
     assert!(error.to_string().contains("headers"), "{error}");
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.pending, stats.done, stats.dead), (0, 2, 1));
-    db.exec("DELETE FROM outbox WHERE status = 'dead'").await;
-
-    let poison = msg(Some("p"), "poison");
-    enqueue(&outbox, &db.store, std::slice::from_ref(&poison)).await;
-    let (token, rows) = claim(&outbox, 10, LONG).await;
-    let dead = Settlement {
-        seq: rows[0].seq,
-        outcome: Settle::Dead {
-            reason: "refused by the broker".into(),
-        },
-    };
-    outbox.settle(token, &[dead]).await.unwrap();
-    let letters = outbox.dead_letters(10).await.unwrap();
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].id, poison.id);
-    assert_eq!(
-        letters[0].message,
-        poison_without_nanos(&poison, &letters[0].message)
-    );
-    assert_eq!(letters[0].reason, "refused by the broker");
-    assert_eq!(letters[0].attempts, 1);
-    let state = outbox.status(poison.id).await.unwrap().unwrap();
-    assert_eq!(state.status, RowStatus::Dead);
-    assert!(state.settled_at.is_some());
-}
-
-/// The stored creation time keeps microseconds; compare the rest exactly.
-fn poison_without_nanos(sent: &Message, stored: &Message) -> Message {
-    let mut expected = sent.clone();
-    expected.created_at = stored.created_at;
-    let drift = sent
-        .created_at
-        .duration_since(stored.created_at)
-        .unwrap_or_default();
-    assert!(
-        drift < Duration::from_micros(1),
-        "created_at drifted by {drift:?}"
-    );
-    expected
-}
-
-/// A duplicate id leaves the transaction usable; bad input is a typed error and writes
-/// nothing.
-#[tokio::test(flavor = "multi_thread")]
-async fn duplicates_and_bad_input_keep_the_transaction_usable() {
-    let db = TestDb::new().await;
-    let outbox = db
-        .store
-        .outbox()
-        .with_limits(Limits::new().max_payload_bytes(8));
-    let first = msg(Some("k"), "first");
-    enqueue(&outbox, &db.store, std::slice::from_ref(&first)).await;
-    let mut tx = db.store.pool().begin().await.unwrap();
-    let err = outbox.enqueue(&mut tx, &first).await.unwrap_err();
-    assert!(err.is_duplicate(), "{err}");
-    let err = outbox
-        .enqueue(&mut tx, &msg(None, "much too large"))
-        .await
-        .unwrap_err();
-    assert!(err.is_invalid_input(), "{err}");
-    let mut nul = msg(Some("k\0ey"), "nul");
-    nul.topic = "orders".into();
-    let err = outbox.enqueue(&mut tx, &nul).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::InvalidMessage(InvalidMessage::InvalidKey { .. })
-        ),
-        "{err}"
-    );
-    let after = msg(Some("k"), "after");
-    outbox
-        .enqueue(&mut tx, &after)
-        .await
-        .expect("the transaction is still usable");
-    tx.commit().await.unwrap();
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!(stats.pending, 2);
 }
 
 /// Two stores in two schemas of one database see only their own rows; each schema has
@@ -330,88 +225,6 @@ async fn raw_sql_builds_working_tables() {
     let (_, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["raw"]);
     common::drop_schema(schema);
-}
-
-/// `settle_and_claim` settles, then claims in the same transaction: the claim sees the
-/// settlements (a key settled done is claimed further, a key settled for retry stays
-/// blocked), settlements under a stale token are ignored, and the result is what
-/// `settle` then `claim` would give.
-#[tokio::test(flavor = "multi_thread")]
-async fn settle_and_claim_sees_its_settlements() {
-    use oncebox_core::spool::{ClaimRequest, LeaseToken};
-
-    for delete_done in [false, true] {
-        let db = TestDb::new().await;
-        let outbox = db.store.outbox().delete_on_publish(delete_done);
-        let messages = [
-            msg(Some("a"), "a1"),
-            msg(Some("b"), "b1"),
-            msg(Some("a"), "a2"),
-            msg(Some("b"), "b2"),
-            msg(None, "u1"),
-        ];
-        enqueue(&outbox, &db.store, &messages).await;
-
-        // First claim: the window takes the first row of each key (limit 2).
-        let (token, rows) = claim(&outbox, 2, LONG).await;
-        assert_eq!(labels(&rows), ["a1", "b1"]);
-
-        // a1 done, b1 retried later: the next claim may take a2, not b2.
-        let settlements = vec![
-            Settlement {
-                seq: rows[0].seq,
-                outcome: Settle::Done,
-            },
-            Settlement {
-                seq: rows[1].seq,
-                outcome: Settle::Retry {
-                    at: SystemTime::now() + Duration::from_secs(3600),
-                    error: "broker down".to_owned(),
-                },
-            },
-        ];
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let next = outbox
-            .settle_and_claim(token, &settlements, &request)
-            .await
-            .expect("settle and claim");
-        assert_eq!(labels(&next), ["a2", "u1"], "delete_done {delete_done}");
-        assert!(next.iter().all(|row| row.token == request.token));
-
-        // A stale token settles nothing: a2 and u1 stay leased to the second claim.
-        let stale = done(&next);
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let none = outbox
-            .settle_and_claim(LeaseToken::new(), &stale, &request)
-            .await
-            .expect("settle and claim");
-        assert!(none.is_empty(), "got {:?}", labels(&none));
-
-        // The real token settles them; nothing else is due (b1 waits, b2 behind it).
-        let request = ClaimRequest {
-            token: LeaseToken::new(),
-            limit: 10,
-            lease: LONG,
-        };
-        let none = outbox
-            .settle_and_claim(next[0].token, &done(&next), &request)
-            .await
-            .expect("settle and claim");
-        assert!(none.is_empty(), "got {:?}", labels(&none));
-        let stats = outbox.stats().await.expect("stats");
-        let expected_done = if delete_done { 0 } else { 3 };
-        assert_eq!(stats.done, expected_done, "delete_done {delete_done}");
-        assert_eq!(stats.pending, 2, "delete_done {delete_done}");
-        drop(db);
-    }
 }
 
 /// Rows written by hand with explicit NULLs: a NULL where the table wants a value (id,

@@ -492,22 +492,12 @@ async fn an_undecodable_row_is_dead_lettered_without_stalling_the_relay() {
     assert_eq!(decode.column(), "id");
 }
 
+/// A wake-up with nobody waiting is kept for the next wait. (A wake-up ending a wait
+/// under way is the suite's `a_commit_wakes_a_waiting_relay`.)
 #[tokio::test]
-async fn wake_ends_the_wait_for_work_early() {
+async fn a_wake_with_nobody_waiting_is_kept_for_the_next_wait() {
     let db = db().await;
-    let relay_side = db.store.outbox();
     let producer_side = db.store.outbox();
-    let waiter = tokio::spawn(async move {
-        relay_side.wait_for_work(Duration::from_secs(30)).await;
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    producer_side.wake();
-    tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("wake() must end wait_for_work")
-        .unwrap();
-
-    // A wake with nobody waiting is kept for the next wait.
     producer_side.wake();
     tokio::time::timeout(
         Duration::from_secs(10),

@@ -61,6 +61,15 @@ macro_rules! outbox_checks {
             scheduled_messages_wait_for_their_time,
             cancel_never_takes_a_claimed_message,
             cancel_in_an_open_transaction_holds,
+            refusals_keep_the_transaction_usable,
+            a_commit_wakes_a_waiting_relay,
+            settle_and_claim_sees_its_settlements,
+            stats_and_dead_letters,
+            published_per_minute_counts_done_rows_by_minute,
+            producers_of_a_key_commit_in_seq_order,
+            claim_finds_free_keys_behind_a_held_backlog,
+            claim_step_two_reaches_every_key,
+            replay_waits_for_the_relay_holding_its_key,
         );
     };
 }

@@ -12,6 +12,10 @@
 //! }
 //! ```
 //!
+//! The harness declares what the store does beyond the contract every outbox keeps
+//! with one [`Capabilities`] value; a check that needs more prints that it is skipped
+//! and passes.
+//!
 //! Leases are a few hundred milliseconds and the checks sleep in real time where the
 //! store keeps wall-clock times. Every wait is bounded; a check fails by panicking with a
 //! message that says which rule the store broke.
@@ -43,36 +47,61 @@
 //! | [`batch_commits_with_the_business_row`] | a batch of 1,000 messages commits with the business row and is published once each, with its ids, in slice order per key, between the key's one-by-one messages before and after it |
 //! | [`batch_rolls_back_with_the_business_row`] | a batch of 1,000 rolled back with the business row leaves no row; enqueued again and committed, its rows are in slice order |
 //! | [`batch_refusal_writes_nothing`] | a duplicate id (in the table or twice in the batch) and an invalid message in the middle refuse the whole batch with the typed error naming it, write nothing of it and leave the transaction usable; an empty batch does nothing |
+//! | [`refusals_keep_the_transaction_usable`] | a duplicate id, an oversized payload and a NUL in the key, refused in one producer transaction, write nothing and leave it usable |
+//! | [`a_commit_wakes_a_waiting_relay`] | a commit ends a relay's wait for work in the same process at once |
+//! | [`settle_and_claim_sees_its_settlements`] | `settle_and_claim`'s claim sees its settlements (done moves a key on, a retry blocks it), a stale token settles nothing; with delete on publish too |
+//! | [`stats_and_dead_letters`] | counts by status, the oldest pending age (from the enqueue or the creation, as the store keeps), a dead letter's message, reason and attempts |
+//! | [`published_per_minute_counts_done_rows_by_minute`] | published rows counted by minute, oldest first, from the minute asked for (needs `publication_times`) |
+//! | [`producers_of_a_key_commit_in_seq_order`] | a producer of a key waits for an open one of the same key, so `seq` order is commit order; other keys do not wait (needs `producer_key_locks`) |
+//! | [`claim_finds_free_keys_behind_a_held_backlog`] | behind a window of held keys, a claim finds the free keys, each as a prefix of its rows (needs `claim_window`) |
+//! | [`claim_step_two_reaches_every_key`] | successive claims reach all of 600 keys beyond the window, none twice (needs `claim_window`) |
+//! | [`replay_waits_for_the_relay_holding_its_key`] | a dead row replayed while a relay holds its key waits for that relay (its settlement with `held_claims`, its lease without), then goes first (needs `replay_waits_for_the_key`) |
 //!
 //! [`Spool::cleanup`]: oncebox_core::spool::Spool::cleanup
 //! [`MemoryBroker`]: oncebox_core::memory::MemoryBroker
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement, SpoolStore};
 use oncebox_core::{Limits, Message, MessageId, Result, Schedule};
 
 use crate::support::{ok, within};
 
+mod admin;
 mod batch;
+mod capabilities;
 mod claiming;
+mod key_order;
 mod listing;
+mod producing;
 mod relay;
 mod scheduling;
+mod settle_and_claim;
 mod settling;
+
+pub use admin::{
+    check_published_per_minute, published_per_minute_counts_done_rows_by_minute,
+    stats_and_dead_letters,
+};
 
 pub use batch::{
     batch_commits_with_the_business_row, batch_refusal_writes_nothing,
     batch_rolls_back_with_the_business_row,
 };
+pub use capabilities::Capabilities;
 pub use claiming::{
     claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
     per_key_prefix,
 };
+pub use key_order::{
+    claim_finds_free_keys_behind_a_held_backlog, claim_step_two_reaches_every_key,
+    producers_of_a_key_commit_in_seq_order, replay_waits_for_the_relay_holding_its_key,
+};
 pub use listing::{
     LISTED, check_listing, fill_listed, rows_listed_newest_first_filtered_and_paged,
 };
+pub use producing::{a_commit_wakes_a_waiting_relay, refusals_keep_the_transaction_usable};
 pub use relay::{
     Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,
     claimed_ahead_batch_past_its_lease_is_handed_back, relay_backs_off_then_dead_letters,
@@ -83,6 +112,7 @@ pub use scheduling::{
     cancel_in_an_open_transaction_holds, cancel_never_takes_a_claimed_message,
     scheduled_messages_wait_for_their_time,
 };
+pub use settle_and_claim::settle_and_claim_sees_its_settlements;
 pub use settling::{
     bad_input_is_a_typed_error, dead_stores_reason_and_unblocks,
     delete_on_publish_deletes_done_rows_only, purge_is_bounded_and_selective,
@@ -97,26 +127,66 @@ pub trait OutboxHarness: Send + Sync {
     /// The outbox table as the relay sees it.
     type Store: SpoolStore<Item = Message> + Clone + 'static;
 
+    /// A producer's open transaction.
+    type Producer: ProducerTx;
+
     /// A handle on this harness's outbox. Every call returns a handle on the same table;
     /// the suite uses several to stand for several relay processes.
     fn store(&self) -> Self::Store;
 
-    /// Enqueues `messages`, in order, in one transaction on the backend's own connection
-    /// type (the way an application enqueues beside its business writes), and commits.
+    /// What the store does beyond the contract every outbox keeps. Default:
+    /// [`Capabilities::new`].
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+    }
+
+    /// Begins a producer's transaction on the backend's own connection type, the way an
+    /// application begins the transaction of its business writes.
+    ///
+    /// # Errors
+    ///
+    /// A store error if no transaction could be begun.
+    fn begin(&self) -> impl Future<Output = Result<Self::Producer>> + Send;
+
+    /// Enqueues `messages`, in order, in one producer transaction ([`begin`](Self::begin)),
+    /// and commits.
     ///
     /// # Errors
     ///
     /// The store's error for the first message it refused (the transaction is then rolled
     /// back): [`Error::Duplicate`](oncebox_core::Error::Duplicate) for an id already in the table,
     /// [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage) for a message failing [`Message::validate`].
-    fn enqueue(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send;
+    fn enqueue(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let mut producer = self.begin().await?;
+            for message in messages {
+                if let Err(refused) = producer.enqueue(message).await {
+                    producer.rollback().await?;
+                    return Err(refused);
+                }
+            }
+            producer.commit().await
+        }
+    }
 
-    /// Enqueues `messages` in one transaction and rolls it back instead of committing.
+    /// Enqueues `messages` in one producer transaction and rolls it back instead of
+    /// committing.
     ///
     /// # Errors
     ///
     /// The store's error for a refused message.
-    fn enqueue_rolled_back(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send;
+    fn enqueue_rolled_back(&self, messages: &[Message]) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let mut producer = self.begin().await?;
+            for message in messages {
+                if let Err(refused) = producer.enqueue(message).await {
+                    producer.rollback().await?;
+                    return Err(refused);
+                }
+            }
+            producer.rollback().await
+        }
+    }
 
     /// Enqueues one message in its own committed transaction, returning the store's
     /// typed error as it is.
@@ -140,6 +210,37 @@ pub trait OutboxHarness: Send + Sync {
     /// [`delete_on_publish_deletes_done_rows_only`] skips itself.
     fn deleting_on_publish(&self) -> Option<Self::Store> {
         None
+    }
+
+    /// A handle on the same table whose claims read a window of `rows` pending rows
+    /// before looking for free keys beyond it. Called only if
+    /// [`Capabilities::claim_window`]; the default refuses.
+    ///
+    /// # Errors
+    ///
+    /// When the store has no claim window.
+    fn windowed(&self, rows: usize) -> Result<Self::Store> {
+        let _ = rows;
+        Err(oncebox_core::Error::InvalidOptions(
+            "this harness declares no claim window".into(),
+        ))
+    }
+
+    /// Sets the time the published row of message `id` was published. Called only if
+    /// [`Capabilities::publication_times`]; the default refuses.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the default's when the harness cannot.
+    fn set_published_at(
+        &self,
+        id: MessageId,
+        at: SystemTime,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (id, at);
+        std::future::ready(Err(oncebox_core::Error::InvalidOptions(
+            "this harness cannot set publication times".into(),
+        )))
     }
 
     /// Enqueues `message` with the store's `enqueue_scheduled`, due as `when` says, in a
@@ -209,6 +310,35 @@ pub trait OutboxHarness: Send + Sync {
     ///
     /// A store error.
     fn business_rows(&self, business: &str) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// A producer's transaction on the backend's own connection type, open: what an
+/// application holds between its first write and its commit. Dropped without an end, it
+/// rolls back.
+pub trait ProducerTx: Send + 'static {
+    /// Enqueues `message` in this transaction with the store's `enqueue`.
+    ///
+    /// # Errors
+    ///
+    /// The store's refusal ([`Error::Duplicate`](oncebox_core::Error::Duplicate),
+    /// [`Error::InvalidMessage`](oncebox_core::Error::InvalidMessage), a store error). A
+    /// refusal must leave the transaction usable.
+    fn enqueue(&mut self, message: &Message) -> impl Future<Output = Result<()>> + Send;
+
+    /// Commits, then wakes the relays of this process (the store's `wake`), as an
+    /// application does after its commit.
+    ///
+    /// # Errors
+    ///
+    /// A store error if the commit failed.
+    fn commit(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Rolls back.
+    ///
+    /// # Errors
+    ///
+    /// A store error if the rollback failed.
+    fn rollback(self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Where a row is in its life, as far as the suite needs to know.

@@ -9,15 +9,21 @@
 //! oncebox_testkit::e2e::outbox_to_inbox(&broker, &store, &store, EndToEnd::new(10_000)).await?;
 //! ```
 
+use std::time::{Duration, SystemTime};
+
+use oncebox_core::time::to_unix_millis;
 use oncebox_core::{Error, Message, MessageId, Result, Schedule};
 use oncebox_sqlite::{
     RowStatus, SqliteDedupStore, SqliteDurableInbox, SqliteInbox, SqliteOutbox, SqliteStore,
 };
+use sqlx::{Sqlite, Transaction};
 use tempfile::TempDir;
 
 use crate::dedup::DedupHarness;
 use crate::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
-use crate::outbox::{OutboxHarness, RowState as KitRowState, RowStatus as KitRowStatus};
+use crate::outbox::{
+    Capabilities, OutboxHarness, ProducerTx, RowState as KitRowState, RowStatus as KitRowStatus,
+};
 
 /// A migrated database in a temporary directory, plus the suite's effects table
 /// (deliberately without a unique constraint, so that a second effect is counted).
@@ -51,32 +57,72 @@ impl SqliteHarness {
         &self.store
     }
 
-    async fn enqueue_all(&self, messages: &[Message], commit: bool) -> Result<()> {
-        let outbox = self.store.outbox();
-        let mut tx = self
-            .store
+    /// A transaction that takes the database's write lock at once, as every writer to
+    /// SQLite should (a deferred one may fail to upgrade its lock).
+    async fn begin_tx(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.store
             .pool()
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(Error::store_transient)?;
-        for message in messages {
-            outbox.enqueue(&mut tx, message).await?;
-        }
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-            outbox.wake();
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
-        }
+            .map_err(Error::store_transient)
+    }
+}
+
+/// A producer's transaction with the outbox it enqueues into.
+pub struct SqliteProducer {
+    tx: Transaction<'static, Sqlite>,
+    outbox: SqliteOutbox,
+}
+
+impl ProducerTx for SqliteProducer {
+    async fn enqueue(&mut self, message: &Message) -> Result<()> {
+        self.outbox.enqueue(&mut self.tx, message).await
+    }
+
+    async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(Error::store_transient)?;
+        self.outbox.wake();
         Ok(())
+    }
+
+    async fn rollback(self) -> Result<()> {
+        self.tx.rollback().await.map_err(Error::store_transient)
     }
 }
 
 impl OutboxHarness for SqliteHarness {
     type Store = SqliteOutbox;
+    type Producer = SqliteProducer;
 
     fn store(&self) -> SqliteOutbox {
         self.store.outbox()
+    }
+
+    /// SQLite serialises every producer (one writer at a time), has no claim window and
+    /// no held claims, and its replay does not wait for a relay holding the key; it
+    /// keeps the enqueue time, and times to the millisecond.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .keeps_enqueue_time(true)
+            .time_resolution(Duration::from_millis(1))
+            .publication_times(true)
+    }
+
+    async fn begin(&self) -> Result<SqliteProducer> {
+        Ok(SqliteProducer {
+            tx: self.begin_tx().await?,
+            outbox: self.store.outbox(),
+        })
+    }
+
+    async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
+        sqlx::query("UPDATE oncebox_outbox SET done_at = ?1 WHERE id = ?2")
+            .bind(to_unix_millis(at))
+            .bind(id.to_string())
+            .execute(self.store.pool())
+            .await
+            .map_err(Error::store_transient)?;
+        Ok(())
     }
 
     fn deleting_on_publish(&self) -> Option<SqliteOutbox> {
@@ -85,12 +131,7 @@ impl OutboxHarness for SqliteHarness {
 
     async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
         let outbox = self.store.outbox();
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         outbox.enqueue_scheduled(&mut tx, message, when).await?;
         tx.commit().await.map_err(Error::store_transient)?;
         outbox.wake();
@@ -98,12 +139,7 @@ impl OutboxHarness for SqliteHarness {
     }
 
     async fn cancel(&self, id: MessageId) -> Result<bool> {
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         let cancelled = self.store.outbox().cancel(&mut tx, id).await?;
         tx.commit().await.map_err(Error::store_transient)?;
         Ok(cancelled)
@@ -112,15 +148,10 @@ impl OutboxHarness for SqliteHarness {
     async fn cancel_kept_open(
         &self,
         id: MessageId,
-        open_for: std::time::Duration,
+        open_for: Duration,
         commit: bool,
     ) -> Result<bool> {
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
         let cancelled = self.store.outbox().cancel(&mut tx, id).await?;
         tokio::time::sleep(open_for).await;
         if commit {
@@ -129,14 +160,6 @@ impl OutboxHarness for SqliteHarness {
             tx.rollback().await.map_err(Error::store_transient)?;
         }
         Ok(cancelled)
-    }
-
-    async fn enqueue(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, true).await
-    }
-
-    async fn enqueue_rolled_back(&self, messages: &[Message]) -> Result<()> {
-        self.enqueue_all(messages, false).await
     }
 
     async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
@@ -167,17 +190,8 @@ impl OutboxHarness for SqliteHarness {
         commit: bool,
     ) -> Result<()> {
         let outbox = self.store.outbox();
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::store_transient)?;
-        sqlx::query("INSERT INTO conformance_effects (key) VALUES (?1)")
-            .bind(business.to_owned())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::store_transient)?;
+        let mut tx = self.begin_tx().await?;
+        Self::insert_effect(&mut tx, business).await?;
         let batch = outbox.enqueue_batch(&mut tx, messages).await;
         if commit {
             tx.commit().await.map_err(Error::store_transient)?;
