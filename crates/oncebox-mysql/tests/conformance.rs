@@ -75,7 +75,6 @@ impl OutboxHarness for MySqlHarness {
         Capabilities::new()
             .producer_key_locks(true)
             .claim_window(true)
-            .replay_waits_for_the_key(true)
             .time_resolution(Duration::from_millis(1))
             .publication_times(true)
     }

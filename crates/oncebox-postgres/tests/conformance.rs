@@ -88,7 +88,6 @@ impl OutboxHarness for PgHarness {
             .producer_key_locks(true)
             .claim_window(true)
             .held_claims(self.held_claims)
-            .replay_waits_for_the_key(true)
             .keeps_enqueue_time(true)
             .time_resolution(Duration::from_micros(1))
             .publication_times(true)

@@ -55,7 +55,7 @@
 //! | [`producers_of_a_key_commit_in_seq_order`] | a producer of a key waits for an open one of the same key, so `seq` order is commit order; other keys do not wait (needs `producer_key_locks`) |
 //! | [`claim_finds_free_keys_behind_a_held_backlog`] | behind a window of held keys, a claim finds the free keys, each as a prefix of its rows (needs `claim_window`) |
 //! | [`claim_step_two_reaches_every_key`] | successive claims reach all of 600 keys beyond the window, none twice (needs `claim_window`) |
-//! | [`replay_waits_for_the_relay_holding_its_key`] | a dead row replayed while a relay holds its key waits for that relay (its settlement with `held_claims`, its lease without), then goes first (needs `replay_waits_for_the_key`) |
+//! | [`replay_waits_for_the_relay_holding_its_key`] | a dead row replayed while a relay holds its key waits for that relay (its settlement with `held_claims`, its lease without), then goes first |
 //!
 //! [`Spool::cleanup`]: oncebox_core::spool::Spool::cleanup
 //! [`MemoryBroker`]: oncebox_core::memory::MemoryBroker

@@ -113,7 +113,9 @@ impl SqliteOutbox {
     ///
     /// The row keeps its place in commit order, so it is published before the later
     /// pending messages of its key, which wait for it; later messages of its key that
-    /// were published while it was dead stay published before it.
+    /// were published while it was dead stay published before it. If a relay holds
+    /// later messages of its key right now, the replayed row is due only once that
+    /// relay's lease ends, so that the key is never on two relays at once.
     ///
     /// # Errors
     ///

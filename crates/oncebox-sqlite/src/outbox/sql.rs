@@ -134,8 +134,16 @@ WHERE id = ?2 AND status = 'pending' AND seq NOT IN (",
     ")"
 );
 
+/// `?1` id, `?2` now (ms): the dead row back in line, due once no claim holds a pending
+/// row of its key any more (the key's latest lease end), so that the key is never on two
+/// relays at once.
 pub(super) const REPLAY_DEAD: &str = "\
-UPDATE oncebox_outbox SET status = 'pending', attempts = 0, available_at = ?2, dead_at = NULL
+UPDATE oncebox_outbox SET status = 'pending', attempts = 0, dead_at = NULL,
+  available_at = max(?2, coalesce((
+    SELECT max(c.until)
+    FROM oncebox_outbox_claims AS c, json_each(c.seqs) AS j
+      JOIN oncebox_outbox AS k ON k.seq = j.value
+    WHERE k.key = oncebox_outbox.key AND k.status = 'pending' AND c.until > ?2), ?2))
 WHERE id = ?1 AND status = 'dead'";
 
 pub(super) const STATUS: &str = "\

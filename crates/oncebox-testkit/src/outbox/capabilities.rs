@@ -31,11 +31,6 @@ pub struct Capabilities {
     /// are settled, so an operation on a claimed key (a replay) waits for the settlement
     /// instead of the lease.
     pub held_claims: bool,
-    /// A dead row replayed while a relay holds later rows of its key is not claimed
-    /// before that relay's claim ends, so the key is never on two relays at once
-    /// (PostgreSQL, MySQL). SQLite's replay does not wait: the replayed row is claimable
-    /// at once, beside its key's rows in flight.
-    pub replay_waits_for_the_key: bool,
     /// The store keeps when a row was enqueued, and counts the oldest pending age from
     /// it (and not from the producer's creation time) when that is later.
     pub keeps_enqueue_time: bool,
@@ -55,7 +50,6 @@ impl Capabilities {
             producer_key_locks: false,
             claim_window: false,
             held_claims: false,
-            replay_waits_for_the_key: false,
             keeps_enqueue_time: false,
             time_resolution: Duration::from_millis(1),
             publication_times: false,
@@ -80,13 +74,6 @@ impl Capabilities {
     #[must_use]
     pub const fn held_claims(mut self, yes: bool) -> Self {
         self.held_claims = yes;
-        self
-    }
-
-    /// Sets [`Capabilities::replay_waits_for_the_key`].
-    #[must_use]
-    pub const fn replay_waits_for_the_key(mut self, yes: bool) -> Self {
-        self.replay_waits_for_the_key = yes;
         self
     }
 

@@ -174,19 +174,12 @@ pub async fn claim_step_two_reaches_every_key<H: OutboxHarness>(harness: &H) {
 /// pending, unattempted, its last error kept. With
 /// [`held_claims`](super::Capabilities::held_claims) the replay waits until the claim
 /// is settled; without, it returns at once and the row is not claimed before the
-/// holder's lease ends. Needs
-/// [`replay_waits_for_the_key`](super::Capabilities::replay_waits_for_the_key).
+/// holder's lease ends.
 pub async fn replay_waits_for_the_relay_holding_its_key<H>(harness: &H)
 where
     H: OutboxHarness,
     H::Store: OutboxAdmin,
 {
-    if !harness.capabilities().replay_waits_for_the_key {
-        return skipped(
-            "replay_waits_for_the_relay_holding_its_key",
-            "replay_waits_for_the_key",
-        );
-    }
     let store = harness.store();
     let (k1, k2) = (message(Some("k"), "k1"), message(Some("k"), "k2"));
     ok("enqueue", harness.enqueue(&[k1.clone(), k2.clone()]).await);
