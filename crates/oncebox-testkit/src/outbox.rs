@@ -70,6 +70,7 @@ use crate::support::{ok, within};
 
 mod admin;
 mod batch;
+mod broker_faults;
 mod capabilities;
 mod claiming;
 mod key_order;
@@ -89,6 +90,10 @@ pub use batch::{
     batch_commits_with_the_business_row, batch_refusal_writes_nothing,
     batch_rolls_back_with_the_business_row,
 };
+pub use broker_faults::{
+    broker_outage_spends_no_attempts, claimed_ahead_batch_past_its_lease_is_handed_back,
+    slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
+};
 pub use capabilities::Capabilities;
 pub use claiming::{
     claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
@@ -103,10 +108,8 @@ pub use listing::{
 };
 pub use producing::{a_commit_wakes_a_waiting_relay, refusals_keep_the_transaction_usable};
 pub use relay::{
-    Attempt, FailingPublisher, Failure, broker_outage_spends_no_attempts,
-    claimed_ahead_batch_past_its_lease_is_handed_back, relay_backs_off_then_dead_letters,
+    Attempt, FailingPublisher, Failure, relay_backs_off_then_dead_letters,
     relay_cleanup_purges_published, relay_keeps_commit_order,
-    slow_broker_past_the_lease_never_overlaps, stop_hands_back_unstarted_rows,
 };
 pub use scheduling::{
     cancel_in_an_open_transaction_holds, cancel_never_takes_a_claimed_message,
