@@ -10,10 +10,11 @@ use oncebox_core::{Coordinates, Error, Headers, MessageId, Received, Result};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, Transaction};
 
+use crate::dialect::MySqlDialect;
 use crate::error::{
     RowDecodeError, RowReader, check_bytes, check_chars, is_duplicate_key, store_error,
 };
-use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES, count_duplicate};
+use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES};
 use crate::outbox::{LOCK_KEY, MAX_KEY_BYTES, MAX_NAME_CHARS};
 use crate::spool::{Layout, SpoolRow, SpoolSql, SpoolTable};
 use crate::sql::{now_ms, query, uuid_bytes};
@@ -207,7 +208,7 @@ impl DurableInboxStore for MySqlDurableInbox {
         Ok(())
     }
     async fn count_duplicate(&self) -> Result<()> {
-        count_duplicate(self.table.pool(), &self.consumer).await
+        oncebox_sql::count_duplicate(self.table.pool(), &MySqlDialect, &self.consumer).await
     }
 }
 

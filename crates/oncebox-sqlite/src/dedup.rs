@@ -8,8 +8,8 @@ use oncebox_core::time::{duration_millis, from_unix_millis, to_unix_millis};
 use oncebox_core::{Bytes, Error, Result};
 use sqlx::sqlite::SqlitePool;
 
+use crate::dialect::begin_immediate;
 use crate::error::{RowReader, store_error};
-use crate::inbox::begin_immediate;
 use crate::spool::sql_limit;
 
 const TABLE: &str = "oncebox_dedup";

@@ -11,8 +11,8 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::{Sqlite, Transaction};
 use tokio::sync::Notify;
 
+use crate::dialect::{SqliteDialect, begin_immediate};
 use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::inbox::{begin_immediate, count_duplicate};
 use crate::spool::{SpoolRow, SpoolSql, SpoolTable};
 
 const TABLE: &str = "oncebox_durable_inbox";
@@ -261,7 +261,7 @@ impl DurableInboxStore for SqliteDurableInbox {
         Ok(())
     }
     async fn count_duplicate(&self) -> Result<()> {
-        count_duplicate(self.table.pool(), &self.consumer).await
+        oncebox_sql::count_duplicate(self.table.pool(), &SqliteDialect, &self.consumer).await
     }
 }
 
