@@ -125,6 +125,6 @@ impl MySqlStore {
     /// The dedup store of the idempotent receiver (and of `oncebox-http`'s
     /// Idempotency-Key layer), table `oncebox_dedup`.
     pub fn dedup(&self) -> MySqlDedupStore {
-        MySqlDedupStore::new(self.pool.clone())
+        MySqlDedupStore::new(self.pool.clone(), MySqlDialect)
     }
 }

@@ -12,6 +12,7 @@ use sqlx::postgres::PgQueryResult;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::RowDecodeError;
+use crate::dedup::DedupSql;
 use crate::inbox::InboxSql;
 use crate::outbox::admin::decode_state;
 use crate::outbox::listing::{push_time, status_literal};
@@ -22,12 +23,14 @@ use crate::time::from_micros;
 #[derive(Clone)]
 pub struct PgDialect {
     pub(crate) inbox: Arc<InboxSql>,
+    pub(crate) dedup: Arc<DedupSql>,
 }
 
 impl PgDialect {
     pub(crate) fn new(schema: &str) -> Self {
         Self {
             inbox: Arc::new(InboxSql::new(schema)),
+            dedup: Arc::new(DedupSql::new(schema)),
         }
     }
 }

@@ -7,7 +7,6 @@ use oncebox_core::Result;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::sync::Notify;
 
-use crate::dedup::DedupSql;
 use crate::dialect::PgDialect;
 use crate::durable::DurableSql;
 use crate::error::store_error;
@@ -40,7 +39,6 @@ struct Statements {
     outbox_wakeup: Arc<Wakeup>,
     dialect: PgDialect,
     durable: Arc<DurableSql>,
-    dedup: Arc<DedupSql>,
 }
 
 impl Statements {
@@ -52,7 +50,6 @@ impl Statements {
             outbox_wakeup,
             dialect: PgDialect::new(schema),
             durable: Arc::new(DurableSql::new(schema)),
-            dedup: Arc::new(DedupSql::new(schema)),
         }
     }
 }
@@ -224,6 +221,6 @@ impl PgStore {
 
     /// The dedup store of the idempotent receiver.
     pub fn dedup(&self) -> PgDedupStore {
-        PgDedupStore::new(self.pool.clone(), Arc::clone(&self.sql.dedup))
+        PgDedupStore::new(self.pool.clone(), self.sql.dialect.clone())
     }
 }

@@ -25,6 +25,8 @@ pub enum Field {
     Consumer,
     /// The id the transactional inbox records.
     MessageId,
+    /// The id the dedup store keeps.
+    DedupId,
 }
 
 impl Field {
@@ -33,6 +35,7 @@ impl Field {
         match self {
             Field::Consumer => "consumer",
             Field::MessageId => "message id",
+            Field::DedupId => "dedup id",
         }
     }
 }

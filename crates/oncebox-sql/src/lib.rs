@@ -11,17 +11,19 @@
 //!   names and ids as text or bytes, statuses as text or numbers; how a handler's
 //!   transaction begins; how a retention `DELETE` runs without blocking writers.
 //! - one trait per store for its statements, each with its values bound
-//!   ([`InboxDialect`]), every method's contract in its docs.
+//!   ([`InboxDialect`], [`DedupDialect`]), every method's contract in its docs.
 //!
-//! The stores ([`SqlInbox`]) are what the backend crates hand out under their own names
-//! (`PgInbox`, `MySqlInbox`, `SqliteInbox`); their documentation says how each
-//! database's statements behave. Users of oncebox need not name this crate.
+//! The stores ([`SqlInbox`], [`SqlDedupStore`]) are what the backend crates hand out
+//! under their own names (`PgInbox`, `MySqlDedupStore`, ...); their documentation says
+//! how each database's statements behave. Users of oncebox need not name this crate.
 //!
 //! The shape follows sqlx's migrator (the protocol once in `sqlx-core`, each driver
 //! supplying its statements) and Watermill's SQL adapters.
 
+mod dedup;
 mod dialect;
 mod inbox;
 
+pub use dedup::{DedupDialect, SqlDedupStore};
 pub use dialect::{Dialect, Field, Query, RowReader};
 pub use inbox::{InboxDialect, SqlInbox, count_duplicate};

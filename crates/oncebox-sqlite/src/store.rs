@@ -145,6 +145,6 @@ impl SqliteStore {
 
     /// The dedup store of the idempotent receiver.
     pub fn dedup(&self) -> SqliteDedupStore {
-        SqliteDedupStore::new(self.pool.clone())
+        SqliteDedupStore::new(self.pool.clone(), SqliteDialect)
     }
 }
