@@ -4,9 +4,9 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use oncebox_core::Result;
 use oncebox_core::spool::{RowState, RowStatus};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
+use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Field, Query, RowReader};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
@@ -52,9 +52,15 @@ impl Dialect for MySqlDialect {
         status_literal(status)
     }
 
-    fn text(row: &RowReader<'_, Self>, column: &'static str) -> Result<String, RowDecodeError> {
-        row.text(column)?
-            .ok_or_else(|| row.error(column, "NULL in a NOT NULL column"))
+    fn text(
+        row: &RowReader<'_, Self>,
+        column: &'static str,
+    ) -> Result<Option<String>, RowDecodeError> {
+        row.text(column)
+    }
+
+    fn message_id(row: &RowReader<'_, Self>) -> Result<Option<MessageId>, RowDecodeError> {
+        Ok(row.uuid("message_id")?.map(MessageId::from_uuid))
     }
 
     fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {

@@ -3,13 +3,10 @@
 
 use std::time::SystemTime;
 
-use oncebox_core::{Received, Result};
-use oncebox_sql::{InboxDialect, Query, RowReader, SqlInbox};
+use oncebox_sql::{InboxDialect, Query, SqlInbox};
 use sqlx::MySql;
 
-use crate::RowDecodeError;
 use crate::dialect::MySqlDialect;
-use crate::spool::SpoolRow;
 use crate::sql::{ms_since, now_ms, query, sql_limit};
 
 /// Longest consumer name, in bytes (`VARBINARY(255)`).
@@ -184,9 +181,5 @@ impl InboxDialect for MySqlDialect {
 
     fn durable_table(&self) -> &str {
         "oncebox_durable_inbox"
-    }
-
-    fn decode_received(row: &RowReader<'_, Self>) -> Result<Received, RowDecodeError> {
-        Received::decode(row)
     }
 }

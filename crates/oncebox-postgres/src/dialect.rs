@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use oncebox_core::Result;
 use oncebox_core::spool::{RowState, RowStatus};
+use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Query, RowReader};
 use sqlx::postgres::PgQueryResult;
 use sqlx::{PgPool, Postgres, QueryBuilder};
@@ -55,8 +55,18 @@ impl Dialect for PgDialect {
         status_literal(status)
     }
 
-    fn text(row: &RowReader<'_, Self>, column: &'static str) -> Result<String, RowDecodeError> {
+    fn text(
+        row: &RowReader<'_, Self>,
+        column: &'static str,
+    ) -> Result<Option<String>, RowDecodeError> {
         row.get(column)
+    }
+
+    fn message_id(row: &RowReader<'_, Self>) -> Result<Option<MessageId>, RowDecodeError> {
+        let id: Option<String> = row.get("message_id")?;
+        id.map(|id| MessageId::parse(&id))
+            .transpose()
+            .map_err(|e| row.error("message_id", e))
     }
 
     fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {

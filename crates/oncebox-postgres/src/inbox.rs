@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use oncebox_core::sql::sql_limit;
-use oncebox_core::{Received, Result};
-use oncebox_sql::{InboxDialect, Query, RowReader, SqlInbox};
+use oncebox_sql::{InboxDialect, Query, SqlInbox};
 use sqlx::Postgres;
 
-use crate::RowDecodeError;
 use crate::dialect::PgDialect;
 use crate::ident::qualified;
-use crate::spool::{SpoolRow, query};
+use crate::spool::query;
 use crate::time::{micros_of, millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
@@ -37,16 +35,6 @@ pub(crate) struct InboxSql {
     display: Arc<str>,
     /// The durable inbox's name in errors.
     durable_display: Arc<str>,
-}
-
-/// `$1` consumer: adds one to the consumer's count of skipped duplicates.
-pub(crate) fn count_duplicate_sql(schema: &str) -> Arc<str> {
-    let t = qualified(schema, "inbox_duplicates");
-    format!(
-        "INSERT INTO {t} AS d (consumer, skipped, last_at) VALUES ($1, 1, statement_timestamp())
-ON CONFLICT (consumer) DO UPDATE SET skipped = d.skipped + 1, last_at = excluded.last_at"
-    )
-    .into()
 }
 
 impl InboxSql {
@@ -101,7 +89,12 @@ FROM {durable} AS d",
             .into(),
             display: format!("{schema}.inbox").into(),
             durable_display: format!("{schema}.durable_inbox").into(),
-            count_duplicate: count_duplicate_sql(schema),
+            count_duplicate: format!(
+                "INSERT INTO {duplicates} AS d (consumer, skipped, last_at)
+VALUES ($1, 1, statement_timestamp())
+ON CONFLICT (consumer) DO UPDATE SET skipped = d.skipped + 1, last_at = excluded.last_at"
+            )
+            .into(),
             consumers: format!(
                 "SELECT consumer, sum(handled)::bigint AS handled, sum(pending)::bigint AS pending,
   sum(dead)::bigint AS dead, sum(duplicates)::bigint AS duplicates,
@@ -202,10 +195,6 @@ impl InboxDialect for PgDialect {
 
     fn durable_table(&self) -> &str {
         &self.inbox.durable_display
-    }
-
-    fn decode_received(row: &RowReader<'_, Self>) -> Result<Received, RowDecodeError> {
-        Received::decode(row)
     }
 }
 

@@ -214,6 +214,7 @@ impl PgStore {
         PgDurableInbox::new(
             self.pool.clone(),
             Arc::clone(&self.sql.durable),
+            self.sql.dialect.clone(),
             consumer,
             wake,
         )

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use oncebox_core::spool::{RowState, RowStatus};
-use oncebox_core::{Error, Result, RowDecodeError};
+use oncebox_core::{Error, MessageId, Result, RowDecodeError};
 use sqlx::{Database, Encode, Pool, QueryBuilder, Transaction, Type};
 
 /// A statement of a dialect with its values bound, ready to run.
@@ -79,13 +79,24 @@ pub trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// store (no row has it).
     fn status_sql(status: RowStatus) -> impl fmt::Display;
 
-    /// A text column that holds no `NULL`: a consumer name or an id, as the columns of
-    /// [`Key`](Self::Key) keep it.
+    /// A text column: a consumer name, an id or a key, as the columns of
+    /// [`Key`](Self::Key) keep it; `None` for `NULL`.
     ///
     /// # Errors
     ///
-    /// The column is missing, `NULL`, or not text (or bytes that are not UTF-8).
-    fn text(row: &RowReader<'_, Self>, column: &'static str) -> Result<String, RowDecodeError>;
+    /// The column is missing or not text (or bytes that are not UTF-8).
+    fn text(
+        row: &RowReader<'_, Self>,
+        column: &'static str,
+    ) -> Result<Option<String>, RowDecodeError>;
+
+    /// The `message_id` column of a durable inbox row: text or 16 bytes; `None` for
+    /// `NULL` (a message that came without an id).
+    ///
+    /// # Errors
+    ///
+    /// The column is missing or holds no UUID.
+    fn message_id(row: &RowReader<'_, Self>) -> Result<Option<MessageId>, RowDecodeError>;
 
     /// The state of a spool row (outbox or durable inbox): its `seq`, `status`,
     /// `attempts`, `last_error`, `available_at`, `lease_until`, `done_at` and `dead_at`
@@ -138,4 +149,15 @@ pub(crate) fn inserted<D: Dialect>(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A [`Dialect::text`] column that holds no `NULL`.
+pub(crate) fn required_text<D: Dialect>(
+    row: &RowReader<'_, D>,
+    column: &'static str,
+) -> Result<String, RowDecodeError>
+where
+    &'static str: sqlx::ColumnIndex<<D::Db as Database>::Row>,
+{
+    D::text(row, column)?.ok_or_else(|| row.error(column, "NULL in a NOT NULL column"))
 }

@@ -4,15 +4,17 @@ use std::fmt;
 use std::time::SystemTime;
 
 use oncebox_core::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
+use oncebox_core::sql::CountColumn;
 use oncebox_core::sql::{Conditions, sql_limit};
 use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::{Bytes, Error, Received, Result, RowDecodeError};
+use oncebox_core::{Bytes, Error, Result, RowDecodeError};
 use sqlx::{
     ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, QueryBuilder, Row,
     Transaction, Type,
 };
 
-use crate::dialect::{Dialect, Field, Query, RowReader, inserted};
+use crate::dialect::{Dialect, Field, Query, RowReader, inserted, required_text};
+use crate::durable::decode_received;
 
 /// The statements of the transactional inbox and of the inbox admin on one database.
 ///
@@ -57,9 +59,8 @@ pub trait InboxDialect: Dialect {
 
     /// `SELECT <a durable inbox row> FROM <the durable inbox> AS d`, up to its `WHERE`,
     /// for the listing to add its conditions to: the columns
-    /// [`row_state`](Dialect::row_state) and
-    /// [`decode_received`](Self::decode_received) read, and `consumer`, `dedup_id`,
-    /// `received_at` and `result`.
+    /// [`row_state`](Dialect::row_state) and [`decode_received`] read, and `consumer`,
+    /// `dedup_id`, `received_at` and `result`.
     fn durable_rows(&self) -> &str;
 
     /// The `key` column of [`durable_rows`](Self::durable_rows) in a condition, quoted as
@@ -71,13 +72,6 @@ pub trait InboxDialect: Dialect {
 
     /// The durable inbox's name in errors.
     fn durable_table(&self) -> &str;
-
-    /// The delivery a durable inbox row holds.
-    ///
-    /// # Errors
-    ///
-    /// A column is missing or holds a value oncebox does not write.
-    fn decode_received(row: &RowReader<'_, Self>) -> Result<Received, RowDecodeError>;
 }
 
 /// The transactional inbox: records of the ids each consumer processed, written in the
@@ -213,11 +207,12 @@ where
 impl<D, DB> InboxAdmin for SqlInbox<D>
 where
     D: InboxDialect<Db = DB>,
-    DB: Database<Arguments: IntoArguments<DB>>,
+    DB: Database<Arguments: IntoArguments<DB>> + CountColumn,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    for<'r> i32: Decode<'r, DB> + Type<DB>,
     &'static str: ColumnIndex<DB::Row>,
 {
     async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
@@ -250,10 +245,11 @@ where
 impl<D, DB> SqlInbox<D>
 where
     D: InboxDialect<Db = DB>,
-    DB: Database,
+    DB: Database + CountColumn,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    for<'r> i32: Decode<'r, DB> + Type<DB>,
     &'static str: ColumnIndex<DB::Row>,
 {
     /// The listing statement: [`InboxDialect::durable_rows`] with a condition for each
@@ -305,12 +301,12 @@ where
             RowReader::<D>::new(row, self.dialect.durable_table(), format_args!("seq {seq}"));
         let decode = || -> std::result::Result<InboxRow, RowDecodeError> {
             Ok(InboxRow {
-                consumer: D::text(&reader, "consumer")?,
-                dedup_id: D::text(&reader, "dedup_id")?,
+                consumer: required_text::<D>(&reader, "consumer")?,
+                dedup_id: required_text::<D>(&reader, "dedup_id")?,
                 state: D::row_state(&reader)?,
                 received_at: D::time(reader.get("received_at")?),
                 result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
-                received: D::decode_received(&reader)?,
+                received: decode_received::<D, DB>(&reader)?,
             })
         };
         Ok(decode()?)
@@ -325,7 +321,7 @@ where
         let reader = RowReader::<D>::new(row, self.dialect.inbox_table(), "consumer figures");
         let last: Option<i64> = row.try_get("last_handled")?;
         Ok(ConsumerStats {
-            consumer: D::text(&reader, "consumer")?,
+            consumer: required_text::<D>(&reader, "consumer")?,
             handled: count("handled")?,
             pending: count("pending")?,
             dead: count("dead")?,

@@ -22,8 +22,10 @@
 
 mod dedup;
 mod dialect;
+mod durable;
 mod inbox;
 
 pub use dedup::{DedupDialect, SqlDedupStore};
 pub use dialect::{Dialect, Field, Query, RowReader};
+pub use durable::decode_received;
 pub use inbox::{InboxDialect, SqlInbox, count_duplicate};

@@ -5,9 +5,9 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use oncebox_core::Result;
 use oncebox_core::spool::{RowState, RowStatus};
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
+use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Query, RowReader};
 use sqlx::sqlite::SqliteQueryResult;
 use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
@@ -53,8 +53,18 @@ impl Dialect for SqliteDialect {
         status_literal(status)
     }
 
-    fn text(row: &RowReader<'_, Self>, column: &'static str) -> Result<String, RowDecodeError> {
+    fn text(
+        row: &RowReader<'_, Self>,
+        column: &'static str,
+    ) -> Result<Option<String>, RowDecodeError> {
         row.get(column)
+    }
+
+    fn message_id(row: &RowReader<'_, Self>) -> Result<Option<MessageId>, RowDecodeError> {
+        let id: Option<String> = row.get("message_id")?;
+        id.map(|id| MessageId::parse(&id))
+            .transpose()
+            .map_err(|e| row.error("message_id", e))
     }
 
     fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {

@@ -5,13 +5,10 @@ use std::time::SystemTime;
 
 use oncebox_core::sql::sql_limit;
 use oncebox_core::time::to_unix_millis;
-use oncebox_core::{Received, Result};
-use oncebox_sql::{InboxDialect, Query, RowReader, SqlInbox};
+use oncebox_sql::{InboxDialect, Query, SqlInbox};
 use sqlx::Sqlite;
 
-use crate::RowDecodeError;
 use crate::dialect::SqliteDialect;
-use crate::spool::SpoolRow;
 
 /// `?1` consumer, `?2` id, `?3` now (ms).
 const RECORD: &str = "\
@@ -144,9 +141,5 @@ impl InboxDialect for SqliteDialect {
 
     fn durable_table(&self) -> &str {
         "oncebox_durable_inbox"
-    }
-
-    fn decode_received(row: &RowReader<'_, Self>) -> Result<Received, RowDecodeError> {
-        Received::decode(row)
     }
 }
