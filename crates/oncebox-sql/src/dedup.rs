@@ -105,6 +105,7 @@ impl<D: Dialect> SqlDedupStore<D> {
     }
 }
 
+// Not derived: a derive would ask for `D::Db: Clone`, which no sqlx database is.
 impl<D: Dialect> Clone for SqlDedupStore<D> {
     fn clone(&self) -> Self {
         Self {

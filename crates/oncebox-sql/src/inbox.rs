@@ -92,6 +92,7 @@ impl<D: Dialect> SqlInbox<D> {
     }
 }
 
+// Not derived: a derive would ask for `D::Db: Clone`, which no sqlx database is.
 impl<D: Dialect> Clone for SqlInbox<D> {
     fn clone(&self) -> Self {
         Self {
