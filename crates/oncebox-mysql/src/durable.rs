@@ -5,15 +5,16 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::store::{Accepted, DurableInboxStore, Transactional};
-use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Coordinates, Error, Headers, MessageId, Received, Result};
+use oncebox_core::time::to_unix_millis;
+use oncebox_core::{Error, Received, Result};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, Transaction};
 
+use crate::dialect::MySqlDialect;
 use crate::error::{
     RowDecodeError, RowReader, check_bytes, check_chars, is_duplicate_key, store_error,
 };
-use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES, count_duplicate};
+use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES};
 use crate::outbox::{LOCK_KEY, MAX_KEY_BYTES, MAX_NAME_CHARS};
 use crate::spool::{Layout, SpoolRow, SpoolSql, SpoolTable};
 use crate::sql::{now_ms, query, uuid_bytes};
@@ -207,29 +208,12 @@ impl DurableInboxStore for MySqlDurableInbox {
         Ok(())
     }
     async fn count_duplicate(&self) -> Result<()> {
-        count_duplicate(self.table.pool(), &self.consumer).await
+        oncebox_sql::count_duplicate(self.table.pool(), &MySqlDialect, &self.consumer).await
     }
 }
 
 impl SpoolRow for Received {
     fn decode(row: &RowReader<'_>) -> Result<Self, RowDecodeError> {
-        let headers: String = row.get("headers")?;
-        let payload: Vec<u8> = row.get("payload")?;
-        let created_at: Option<i64> = row.get("created_at")?;
-        Ok(Received {
-            id: row.uuid("message_id")?.map(MessageId::from_uuid),
-            topic: row.get("topic")?,
-            key: row.text("key")?,
-            kind: row.get("kind")?,
-            headers: Headers::from_json(&headers).map_err(|e| row.error("headers", e))?,
-            payload: payload.into(),
-            created_at: created_at.map(from_unix_millis),
-            coordinates: Coordinates {
-                source: row.get("source")?,
-                partition: row.get("partition")?,
-                position: row.get("position")?,
-            },
-            delivery_count: row.count("delivery_count")?,
-        })
+        oncebox_sql::decode_received::<MySqlDialect, _>(row)
     }
 }

@@ -291,6 +291,7 @@
 //! transaction.
 
 mod dedup;
+mod dialect;
 mod durable;
 mod error;
 mod inbox;
@@ -302,6 +303,7 @@ mod store;
 mod wake;
 
 pub use dedup::MySqlDedupStore;
+pub use dialect::MySqlDialect;
 pub use durable::MySqlDurableInbox;
 pub use error::{RowDecodeError, ValueTooLong};
 pub use inbox::MySqlInbox;

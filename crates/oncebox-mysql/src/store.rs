@@ -8,7 +8,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
 use crate::error::store_error;
 use crate::wake::Wakeup;
-use crate::{MySqlDedupStore, MySqlDurableInbox, MySqlInbox, MySqlOutbox};
+use crate::{MySqlDedupStore, MySqlDialect, MySqlDurableInbox, MySqlInbox, MySqlOutbox};
 
 /// Connections in the pool [`MySqlStore::connect`] opens.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
@@ -103,7 +103,7 @@ impl MySqlStore {
     /// The transactional inbox (records of processed ids, for every consumer), table
     /// `oncebox_inbox`.
     pub fn inbox(&self) -> MySqlInbox {
-        MySqlInbox::new(self.pool.clone())
+        MySqlInbox::new(self.pool.clone(), MySqlDialect)
     }
 
     /// The durable inbox of `consumer`, table `oncebox_durable_inbox`.
@@ -125,6 +125,6 @@ impl MySqlStore {
     /// The dedup store of the idempotent receiver (and of `oncebox-http`'s
     /// Idempotency-Key layer), table `oncebox_dedup`.
     pub fn dedup(&self) -> MySqlDedupStore {
-        MySqlDedupStore::new(self.pool.clone())
+        MySqlDedupStore::new(self.pool.clone(), MySqlDialect)
     }
 }

@@ -1,22 +1,20 @@
-//! The idempotent receiver's dedup store on PostgreSQL.
+//! The idempotent receiver's dedup store on PostgreSQL: its statements, for the store
+//! written once in `oncebox-sql`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::sql::fenced;
-use oncebox_core::store::{Begin, DedupRecord, DedupState, DedupStore, FencingToken};
-use oncebox_core::{Bytes, Error, Result};
-use sqlx::Row;
-use sqlx::postgres::PgPool;
+use oncebox_core::sql::sql_limit;
+use oncebox_core::store::FencingToken;
+use oncebox_core::{Error, Result};
+use oncebox_sql::{DedupDialect, Query, RowReader, SqlDedupStore};
+use sqlx::{PgPool, Postgres};
 
-use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::RowDecodeError;
+use crate::dialect::PgDialect;
 use crate::ident::qualified;
-use crate::spool::{query, sql_limit};
+use crate::spool::query;
 use crate::time::{duration_ms, micros_duration, millis_param};
-
-/// Attempts of `begin` when the record it conflicted with disappears before it can be
-/// read (abandoned, purged): each attempt is one insert and one read.
-const BEGIN_ATTEMPTS: usize = 3;
 
 /// The dedup store's statements, built once per schema.
 pub(crate) struct DedupSql {
@@ -25,7 +23,8 @@ pub(crate) struct DedupSql {
     take: Arc<str>,
     /// `$1` id → state, lease left (ms), result.
     held: Arc<str>,
-    /// `$1` id → state, token, result, lease left and expiry left (µs), if not expired.
+    /// `$1` id → state, token, result, lease left (`lease_until`) and expiry left
+    /// (`expires_at`) in µs, if not expired.
     inspect: Arc<str>,
     /// `$1` id, `$2` token, `$3` result, `$4` ttl ms.
     complete: Arc<str>,
@@ -65,9 +64,9 @@ FROM {t} WHERE id = $1 AND expires_at > statement_timestamp()"
             inspect: format!(
                 "SELECT state, token, result,
        (extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint
-         AS lease_left_us,
+         AS lease_until,
        (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint
-         AS expires_left_us
+         AS expires_at
 FROM {t} WHERE id = $1 AND expires_at > statement_timestamp()"
             )
             .into(),
@@ -110,183 +109,98 @@ WHERE id = $1 AND token = $2 AND state = 'in_progress'
 /// The dedup store of the idempotent receiver, in table `<schema>.dedup`:
 /// `absent → in progress (token, lease) → completed (result, TTL) → expired`.
 ///
-/// [`begin`](DedupStore::begin) is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE
-/// expired` statement: of concurrent callers for an id, one inserts (or takes over an
-/// expired record) and the others wait on the unique key, then find it held. Fencing
-/// tokens come from the sequence `<schema>.dedup_tokens`, so a token is never issued
-/// twice, even for an id whose record expired and was purged. Leases and TTLs are
-/// measured on the database's clock, so workers on hosts with skewed clocks agree.
-/// Expired records answer as absent; [`purge_expired`](DedupStore::purge_expired)
-/// deletes them in bounded batches. [`inspect`](DedupStore::inspect) reads the time
+/// [`begin`](oncebox_core::store::DedupStore::begin) takes the id with one `INSERT ...
+/// ON CONFLICT DO UPDATE ... WHERE expired` statement: of concurrent callers for an id,
+/// one inserts (or takes over an expired record) and the others wait on the unique key,
+/// then find it held. Fencing tokens come from the sequence `<schema>.dedup_tokens`, so
+/// a token is never issued twice, even for an id whose record expired and was purged.
+/// Leases and TTLs are measured on the database's clock, so workers on hosts with skewed
+/// clocks agree. Expired records answer as absent;
+/// [`purge_expired`](oncebox_core::store::DedupStore::purge_expired) deletes them in
+/// bounded batches. [`inspect`](oncebox_core::store::DedupStore::inspect) reads the time
 /// left on the lease and before expiry on the database's clock and adds it to the
 /// caller's now.
-#[derive(Debug, Clone)]
-pub struct PgDedupStore {
-    pool: PgPool,
-    sql: Arc<DedupSql>,
-}
-
-impl PgDedupStore {
-    pub(crate) fn new(pool: PgPool, sql: Arc<DedupSql>) -> Self {
-        Self { pool, sql }
-    }
-}
+pub type PgDedupStore = SqlDedupStore<PgDialect>;
 
 fn token_param(token: FencingToken) -> i64 {
     // Tokens come from a bigint sequence, so a larger one is held by no record.
     i64::try_from(token.0).unwrap_or(-1)
 }
 
-impl DedupStore for PgDedupStore {
-    async fn begin(&self, id: &str, lease: Duration) -> Result<Begin> {
-        let lease = duration_ms(lease).max(1);
-        for _ in 0..BEGIN_ATTEMPTS {
-            let taken: Option<i64> =
-                sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.take)))
-                    .bind(id.to_owned())
-                    .bind(lease)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(store_error)?;
-            if let Some(token) = taken {
-                let token = u64::try_from(token).map_err(|_| {
+impl DedupDialect for PgDialect {
+    async fn take(&self, pool: &PgPool, id: &str, lease: Duration) -> Result<Option<FencingToken>> {
+        let taken: Option<i64> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.dedup.take)))
+                .bind(id.to_owned())
+                .bind(duration_ms(lease).max(1))
+                .fetch_optional(pool)
+                .await?;
+        taken
+            .map(|token| {
+                u64::try_from(token).map(FencingToken).map_err(|_| {
                     Error::from(RowDecodeError::new(
-                        &self.sql.display,
+                        &self.dedup.display,
                         format_args!("id {id}"),
                         "token",
                         format_args!("{token} is not a valid token"),
                     ))
-                })?;
-                return Ok(Begin::Started(FencingToken(token)));
-            }
-            // Held and not expired when the insert looked; a new statement sees it.
-            let row = query(&self.sql.held)
-                .bind(id.to_owned())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(store_error)?;
-            let Some(row) = row else {
-                // It expired or was abandoned in between: try to take it again.
-                continue;
-            };
-            let reader = RowReader::new(&row, &self.sql.display, format_args!("id {id}"));
-            let state: String = reader.get("state")?;
-            return match state.as_str() {
-                "in_progress" => {
-                    let left: Option<i64> = row.try_get("lease_left_ms").map_err(store_error)?;
-                    Ok(Begin::InProgress {
-                        retry_after: Duration::from_millis(
-                            u64::try_from(left.unwrap_or(0)).unwrap_or(0),
-                        ),
-                    })
-                }
-                "completed" => {
-                    let result: Option<Vec<u8>> = reader.get("result")?;
-                    Ok(Begin::Completed(
-                        result.map(Bytes::from).unwrap_or_default(),
-                    ))
-                }
-                other => Err(reader
-                    .error("state", format_args!("unknown state {other:?}"))
-                    .into()),
-            };
-        }
-        Err(Error::store_transient(format!(
-            "dedup id {id:?} changed hands {BEGIN_ATTEMPTS} times during begin"
-        )))
+                })
+            })
+            .transpose()
     }
 
-    async fn complete(
+    fn held(&self, id: &str) -> Query<Postgres> {
+        query(&self.dedup.held).bind(id.to_owned())
+    }
+
+    fn inspect(&self, id: &str) -> Query<Postgres> {
+        query(&self.dedup.inspect).bind(id.to_owned())
+    }
+
+    /// `stored` is the µs left before the time, on the database's clock.
+    fn instant(now: SystemTime, stored: i64) -> SystemTime {
+        now + micros_duration(stored)
+    }
+
+    fn token(row: &RowReader<'_, Self>) -> Result<u64, RowDecodeError> {
+        let token: i64 = row.get("token")?;
+        u64::try_from(token)
+            .map_err(|_| row.error("token", format_args!("{token} is not a valid token")))
+    }
+
+    fn complete(
         &self,
         id: &str,
         token: FencingToken,
         result: &[u8],
         ttl: Duration,
-    ) -> Result<()> {
-        let updated = query(&self.sql.complete)
+    ) -> Query<Postgres> {
+        query(&self.dedup.complete)
             .bind(id.to_owned())
             .bind(token_param(token))
             .bind(result.to_vec())
             .bind(duration_ms(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        fenced(updated.rows_affected())
     }
 
-    async fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Result<()> {
-        let updated = query(&self.sql.extend)
+    fn extend(&self, id: &str, token: FencingToken, lease: Duration) -> Query<Postgres> {
+        query(&self.dedup.extend)
             .bind(id.to_owned())
             .bind(token_param(token))
             .bind(duration_ms(lease).max(1))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        fenced(updated.rows_affected())
     }
 
-    async fn abandon(&self, id: &str, token: FencingToken) -> Result<()> {
-        let deleted = query(&self.sql.abandon)
+    fn abandon(&self, id: &str, token: FencingToken) -> Query<Postgres> {
+        query(&self.dedup.abandon)
             .bind(id.to_owned())
             .bind(token_param(token))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        fenced(deleted.rows_affected())
     }
 
-    async fn inspect(&self, id: &str) -> Result<Option<DedupRecord>> {
-        let row = query(&self.sql.inspect)
-            .bind(id.to_owned())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let now = SystemTime::now();
-        let reader = RowReader::new(&row, &self.sql.display, format_args!("id {id}"));
-        let token: i64 = reader.get("token")?;
-        let token = u64::try_from(token)
-            .map_err(|_| reader.error("token", format_args!("{token} is not a valid token")))?;
-        let expires_left: i64 = reader.get("expires_left_us")?;
-        let state: String = reader.get("state")?;
-        let state = match state.as_str() {
-            "in_progress" => {
-                let left: Option<i64> = reader.get("lease_left_us")?;
-                DedupState::InProgress {
-                    lease_until: now + micros_duration(left.unwrap_or(expires_left)),
-                }
-            }
-            "completed" => {
-                let result: Option<Vec<u8>> = reader.get("result")?;
-                DedupState::Completed {
-                    result: result.map(Bytes::from).unwrap_or_default(),
-                }
-            }
-            other => {
-                return Err(reader
-                    .error("state", format_args!("unknown state {other:?}"))
-                    .into());
-            }
-        };
-        Ok(Some(DedupRecord::new(
-            state,
-            FencingToken(token),
-            Some(now + micros_duration(expires_left)),
-        )))
+    fn purge(&self, limit: usize) -> Query<Postgres> {
+        query(&self.dedup.purge).bind(sql_limit(limit))
     }
 
-    async fn purge_expired(&self, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let deleted = query(&self.sql.purge)
-            .bind(sql_limit(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(deleted.rows_affected())
+    fn dedup_table(&self) -> &str {
+        &self.dedup.display
     }
 }
 

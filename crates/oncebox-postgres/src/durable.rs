@@ -5,17 +5,17 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::store::{Accepted, DurableInboxStore, Transactional};
-use oncebox_core::{Coordinates, Error, Headers, MessageId, Received, Result};
+use oncebox_core::{Error, Received, Result};
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
+use crate::dialect::PgDialect;
 use crate::error::{RowDecodeError, RowReader, store_error};
 use crate::ident::{KEY_CLASS, qualified, table_oid};
-use crate::inbox::count_duplicate_sql;
 use crate::spool::sql::Columns;
 use crate::spool::{Hold, Layout, SpoolRow, SpoolSql, SpoolTable, query};
-use crate::time::{from_micros, micros_of, micros_param, to_micros};
+use crate::time::{micros_of, micros_param, to_micros};
 
 /// The durable inbox's statements, built once per schema.
 pub(crate) struct DurableSql {
@@ -26,8 +26,6 @@ pub(crate) struct DurableSql {
     accept: Arc<str>,
     /// `$1` token, `$2` seq, `$3` result, `$4` consumer.
     complete: Arc<str>,
-    /// `$1` consumer.
-    count_duplicate: Arc<str>,
 }
 
 impl DurableSql {
@@ -77,7 +75,6 @@ SET status = 'done', done_at = statement_timestamp(), result = $3,
 WHERE seq = $2 AND lease_token = $1::uuid AND status = 'pending' AND consumer = $4"
             )
             .into(),
-            count_duplicate: count_duplicate_sql(schema),
         }
     }
 }
@@ -98,6 +95,7 @@ WHERE seq = $2 AND lease_token = $1::uuid AND status = 'pending' AND consumer = 
 pub struct PgDurableInbox {
     table: SpoolTable,
     sql: Arc<DurableSql>,
+    dialect: PgDialect,
     consumer: Arc<str>,
     wake: Arc<Notify>,
 }
@@ -106,6 +104,7 @@ impl PgDurableInbox {
     pub(crate) fn new(
         pool: PgPool,
         sql: Arc<DurableSql>,
+        dialect: PgDialect,
         consumer: &str,
         wake: Arc<Notify>,
     ) -> Self {
@@ -120,6 +119,7 @@ impl PgDurableInbox {
                 Hold::Lease,
             ),
             sql,
+            dialect,
             consumer,
             wake,
         }
@@ -241,39 +241,13 @@ impl DurableInboxStore for PgDurableInbox {
     }
 
     async fn count_duplicate(&self) -> Result<()> {
-        query(&self.sql.count_duplicate)
-            .bind(&*self.consumer)
-            .execute(self.table.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(())
+        oncebox_sql::count_duplicate(self.table.pool(), &self.dialect, &self.consumer).await
     }
 }
 
 impl SpoolRow for Received {
     fn decode(row: &RowReader<'_>) -> Result<Self, RowDecodeError> {
-        let id: Option<String> = row.get("message_id")?;
-        let headers: String = row.get("headers")?;
-        let payload: Vec<u8> = row.get("payload")?;
-        let created_at: Option<i64> = row.get("created_at")?;
-        Ok(Received {
-            id: id
-                .map(|id| MessageId::parse(&id))
-                .transpose()
-                .map_err(|e| row.error("message_id", e))?,
-            topic: row.get("topic")?,
-            key: row.get("key")?,
-            kind: row.get("kind")?,
-            headers: Headers::from_json(&headers).map_err(|e| row.error("headers", e))?,
-            payload: payload.into(),
-            created_at: created_at.map(from_micros),
-            coordinates: Coordinates {
-                source: row.get("source")?,
-                partition: row.get("partition")?,
-                position: row.get("position")?,
-            },
-            delivery_count: row.count("delivery_count")?,
-        })
+        oncebox_sql::decode_received::<PgDialect, _>(row)
     }
 }
 

@@ -1,25 +1,21 @@
-//! The transactional inbox on PostgreSQL.
+//! The transactional inbox on PostgreSQL: its statements, for the inbox written once in
+//! `oncebox-sql`.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use oncebox_core::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
-use oncebox_core::sql::Conditions;
-use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::{Bytes, Received, Result};
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{Postgres, QueryBuilder, Row, Transaction};
+use oncebox_core::sql::sql_limit;
+use oncebox_sql::{InboxDialect, Query, SqlInbox};
+use sqlx::Postgres;
 
-use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::dialect::PgDialect;
 use crate::ident::qualified;
-use crate::outbox::admin::decode_state;
-use crate::outbox::listing::{push_time, status_literal};
-use crate::spool::{SpoolRow, query, sql_limit};
-use crate::time::{from_micros, micros_of, millis_param, ms_since};
+use crate::spool::query;
+use crate::time::{micros_of, millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
 pub(crate) struct InboxSql {
-    /// `$1` consumer, `$2` id → a row if inserted.
+    /// `$1` consumer, `$2` id.
     record: Arc<str>,
     /// `$1` consumer, `$2` id → `result`.
     stored_result: Arc<str>,
@@ -29,24 +25,16 @@ pub(crate) struct InboxSql {
     purge: Arc<str>,
     /// `$1` consumer.
     count_duplicate: Arc<str>,
-    /// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_us` per
+    /// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled` (µs) per
     /// consumer, in byte order of the name.
     consumers: Arc<str>,
-    /// `SELECT <a durable inbox row> FROM <durable inbox> AS t`, for the listing to add
+    /// `SELECT <a durable inbox row> FROM <durable inbox> AS d`, for the listing to add
     /// its conditions to.
     rows: Arc<str>,
+    /// The transactional inbox's name in errors.
+    display: Arc<str>,
     /// The durable inbox's name in errors.
     durable_display: Arc<str>,
-}
-
-/// `$1` consumer: adds one to the consumer's count of skipped duplicates.
-pub(crate) fn count_duplicate_sql(schema: &str) -> Arc<str> {
-    let t = qualified(schema, "inbox_duplicates");
-    format!(
-        "INSERT INTO {t} AS d (consumer, skipped, last_at) VALUES ($1, 1, statement_timestamp())
-ON CONFLICT (consumer) DO UPDATE SET skipped = d.skipped + 1, last_at = excluded.last_at"
-    )
-    .into()
 }
 
 impl InboxSql {
@@ -58,8 +46,7 @@ impl InboxSql {
             record: format!(
                 "INSERT INTO {t} (consumer, message_id, processed_at)
 VALUES ($1, $2, statement_timestamp())
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING 1"
+ON CONFLICT (consumer, message_id) DO NOTHING"
             )
             .into(),
             stored_result: format!(
@@ -83,29 +70,35 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result"
             )
             .into(),
             rows: format!(
-                "SELECT t.seq AS seq, t.consumer AS consumer, t.dedup_id AS dedup_id,
-  t.status AS status, t.attempts AS attempts, t.last_error AS last_error,
+                "SELECT d.seq AS seq, d.consumer AS consumer, d.dedup_id AS dedup_id,
+  d.status AS status, d.attempts AS attempts, d.last_error AS last_error,
   {available} AS available_at, {lease} AS lease_until, {done} AS done_at, {dead} AS dead_at,
-  {received_at} AS received_at, t.result AS result,
-  t.message_id::text AS message_id, t.topic AS topic, t.key AS key, t.kind AS kind,
-  t.headers::text AS headers, t.payload AS payload, {created} AS created_at,
-  t.source AS source, t.partition AS partition, t.position AS position,
-  t.delivery_count AS delivery_count
-FROM {durable} AS t",
-                available = micros_of("t.available_at"),
-                lease = micros_of("t.lease_until"),
-                done = micros_of("t.done_at"),
-                dead = micros_of("t.dead_at"),
-                received_at = micros_of("t.received_at"),
-                created = micros_of("t.created_at"),
+  {received_at} AS received_at, d.result AS result,
+  d.message_id::text AS message_id, d.topic AS topic, d.key AS key, d.kind AS kind,
+  d.headers::text AS headers, d.payload AS payload, {created} AS created_at,
+  d.source AS source, d.partition AS partition, d.position AS position,
+  d.delivery_count AS delivery_count
+FROM {durable} AS d",
+                available = micros_of("d.available_at"),
+                lease = micros_of("d.lease_until"),
+                done = micros_of("d.done_at"),
+                dead = micros_of("d.dead_at"),
+                received_at = micros_of("d.received_at"),
+                created = micros_of("d.created_at"),
             )
             .into(),
+            display: format!("{schema}.inbox").into(),
             durable_display: format!("{schema}.durable_inbox").into(),
-            count_duplicate: count_duplicate_sql(schema),
+            count_duplicate: format!(
+                "INSERT INTO {duplicates} AS d (consumer, skipped, last_at)
+VALUES ($1, 1, statement_timestamp())
+ON CONFLICT (consumer) DO UPDATE SET skipped = d.skipped + 1, last_at = excluded.last_at"
+            )
+            .into(),
             consumers: format!(
                 "SELECT consumer, sum(handled)::bigint AS handled, sum(pending)::bigint AS pending,
   sum(dead)::bigint AS dead, sum(duplicates)::bigint AS duplicates,
-  {last} AS last_handled_us
+  {last} AS last_handled
 FROM (
   SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, 0 AS duplicates,
     max(processed_at) AS last_at
@@ -131,236 +124,78 @@ ORDER BY consumer COLLATE \"C\"",
 }
 
 /// The transactional inbox: records of the ids each consumer processed, written in the
-/// handler's transaction (table `<schema>.inbox`, keyed by consumer and id).
+/// handler's transaction (table `<schema>.inbox`, keyed by consumer and id); and the
+/// inbox admin of the schema.
 ///
-/// [`record`](InboxStore::record) inserts with `ON CONFLICT DO NOTHING`: of concurrent
-/// transactions recording the same id, one inserts and the others wait on the unique key
-/// until it commits (then they see a duplicate and its result) or rolls back (then one of
-/// them inserts). Transactions are PostgreSQL's default, read committed; the handler
-/// runs its queries on `&mut **tx`.
+/// [`record`](oncebox_core::store::InboxStore::record) inserts with `ON CONFLICT DO
+/// NOTHING`: of concurrent transactions recording the same id, one inserts and the
+/// others wait on the unique key until it commits (then they see a duplicate and its
+/// result) or rolls back (then one of them inserts). Transactions are PostgreSQL's
+/// default, read committed; the handler runs its queries on `&mut **tx`.
 ///
 /// The consumer name and the message id reach the database as bind parameters only;
 /// sqlx prepares each statement once per connection and caches it.
-#[derive(Debug, Clone)]
-pub struct PgInbox {
-    pool: PgPool,
-    sql: Arc<InboxSql>,
-}
+///
+/// The admin's [`consumers`](oncebox_core::consumer::InboxAdmin::consumers) reads, in
+/// one statement, every record of the transactional inbox (from the table or its
+/// `(consumer, processed_at)` index, as the planner finds cheaper) and every row of the
+/// durable inbox (from the table: no index holds the dead rows): call it at the pace of
+/// a dashboard, not per message. Its
+/// [`inbox_rows`](oncebox_core::consumer::InboxAdmin::inbox_rows) reads newest first
+/// from `before`: on the primary key, or with a consumer and status pending, on the
+/// partial index of the consumer's pending rows. The other criteria have no index of
+/// their own: the rows read are filtered until `limit` match, which reads every row
+/// older than `before` where matches are rare.
+pub type PgInbox = SqlInbox<PgDialect>;
 
-impl PgInbox {
-    pub(crate) fn new(pool: PgPool, sql: Arc<InboxSql>) -> Self {
-        Self { pool, sql }
-    }
-}
-
-impl Transactional for PgInbox {
-    type Tx = Transaction<'static, Postgres>;
-
-    async fn begin(&self) -> Result<Self::Tx> {
-        self.pool.begin().await.map_err(store_error)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(store_error)
-    }
-}
-
-impl InboxStore for PgInbox {
-    async fn record(&self, tx: &mut Self::Tx, consumer: &str, id: &str) -> Result<Recorded> {
-        let inserted = query(&self.sql.record)
+impl InboxDialect for PgDialect {
+    fn record(&self, consumer: &str, id: &str) -> Query<Postgres> {
+        query(&self.inbox.record)
             .bind(consumer.to_owned())
             .bind(id.to_owned())
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(store_error)?;
-        if inserted.is_some() {
-            return Ok(Recorded::New);
-        }
-        // Read committed: this statement sees the record the conflicting transaction
-        // committed while the insert waited for it.
-        let result: Option<Option<Vec<u8>>> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.stored_result)))
-                .bind(consumer.to_owned())
-                .bind(id.to_owned())
-                .fetch_optional(&mut **tx)
-                .await
-                .map_err(store_error)?;
-        Ok(Recorded::Duplicate {
-            result: result.flatten().map(Bytes::from).unwrap_or_default(),
-        })
     }
 
-    async fn store_result(
-        &self,
-        tx: &mut Self::Tx,
-        consumer: &str,
-        id: &str,
-        result: &[u8],
-    ) -> Result<()> {
-        query(&self.sql.store_result)
+    fn stored_result(&self, consumer: &str, id: &str) -> Query<Postgres> {
+        query(&self.inbox.stored_result)
+            .bind(consumer.to_owned())
+            .bind(id.to_owned())
+    }
+
+    fn store_result(&self, consumer: &str, id: &str, result: &[u8]) -> Query<Postgres> {
+        query(&self.inbox.store_result)
             .bind(consumer.to_owned())
             .bind(id.to_owned())
             .bind(result.to_vec())
-            .execute(&mut **tx)
-            .await
-            .map_err(store_error)?;
-        Ok(())
     }
 
-    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let deleted = query(&self.sql.purge)
-            .bind(consumer)
+    fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Query<Postgres> {
+        query(&self.inbox.purge)
+            .bind(consumer.to_owned())
             .bind(ms_since(before))
             .bind(sql_limit(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(deleted.rows_affected())
     }
 
-    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
-        query(&self.sql.count_duplicate)
-            .bind(consumer)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(())
-    }
-}
-
-impl InboxAdmin for PgInbox {
-    /// Reads, in one statement, every record of the transactional inbox (from the table
-    /// or its `(consumer, processed_at)` index, as the planner finds cheaper) and every
-    /// row of the durable inbox (from the table: no index holds the dead rows), each
-    /// once, and groups them by consumer. The cost grows with what retention keeps:
-    /// call it at the pace of a dashboard, not per message.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
-        let rows = query(&self.sql.consumers)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(store_error)?;
-        rows.iter().map(consumer_stats).collect()
+    fn count_duplicate(&self, consumer: &str) -> Query<Postgres> {
+        query(&self.inbox.count_duplicate).bind(consumer.to_owned())
     }
 
-    /// One statement, newest first from `before`: on the primary key, or with a
-    /// consumer and status pending, on the partial index of the consumer's pending rows.
-    /// The other criteria have no index of their own: the rows read are filtered until
-    /// `limit` match, which reads every row older than `before` where matches are rare.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn inbox_rows(
-        &self,
-        filter: &InboxRowFilter,
-        before: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<InboxRow>> {
-        let rows = self
-            .listing(filter, before, limit)
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(store_error)?;
-        rows.iter().map(|row| self.inbox_row_of(row)).collect()
+    fn consumers(&self) -> Query<Postgres> {
+        query(&self.inbox.consumers)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
-        let mut query = QueryBuilder::new(&*self.sql.rows);
-        query.push(" WHERE t.seq = ").push_bind(seq);
-        let row = query
-            .build()
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        row.map(|row| self.inbox_row_of(&row)).transpose()
-    }
-}
-
-impl PgInbox {
-    /// The listing statement: [`InboxSql::rows`] with a condition for each criterion of
-    /// `filter` that is set, every value bound, newest first from `before`.
-    fn listing(
-        &self,
-        filter: &InboxRowFilter,
-        before: Option<i64>,
-        limit: usize,
-    ) -> QueryBuilder<Postgres> {
-        let mut query = QueryBuilder::new(&*self.sql.rows);
-        let mut conditions = Conditions::new(&mut query);
-        if let Some(consumer) = &filter.consumer {
-            conditions.and("t.consumer = ").push_bind(consumer.clone());
-        }
-        if let Some(status) = filter.status {
-            conditions.and("t.status = ").push(status_literal(status));
-        }
-        if let Some(topic) = &filter.topic {
-            conditions.and("t.topic = ").push_bind(topic.clone());
-        }
-        if let Some(key) = &filter.key {
-            conditions.and("t.key = ").push_bind(key.clone());
-        }
-        if let Some(id) = &filter.dedup_id {
-            conditions.and("t.dedup_id = ").push_bind(id.clone());
-        }
-        if let Some(from) = filter.received_from {
-            push_time(conditions.and("t.received_at >= "), from);
-        }
-        if let Some(until) = filter.received_until {
-            push_time(conditions.and("t.received_at < "), until);
-        }
-        if let Some(before) = before {
-            conditions.and("t.seq < ").push_bind(before);
-        }
-        query
-            .push(" ORDER BY t.seq DESC LIMIT ")
-            .push_bind(sql_limit(limit));
-        query
+    fn durable_rows(&self) -> &str {
+        &self.inbox.rows
     }
 
-    /// Decodes one row of [`InboxSql::rows`].
-    fn inbox_row_of(&self, row: &PgRow) -> Result<InboxRow> {
-        let seq: i64 = row.try_get("seq").map_err(store_error)?;
-        let reader = RowReader::new(row, &self.sql.durable_display, format_args!("seq {seq}"));
-        let decode = || -> std::result::Result<InboxRow, RowDecodeError> {
-            Ok(InboxRow {
-                consumer: reader.get("consumer")?,
-                dedup_id: reader.get("dedup_id")?,
-                state: decode_state(&reader)?,
-                received_at: from_micros(reader.get("received_at")?),
-                result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
-                received: Received::decode(&reader)?,
-            })
-        };
-        Ok(decode()?)
-    }
-}
+    const DURABLE_KEY: &'static str = "d.key";
 
-/// One row of [`InboxSql::consumers`].
-fn consumer_stats(row: &PgRow) -> Result<ConsumerStats> {
-    let count = |column: &str| -> Result<u64> {
-        let n: i64 = row.try_get(column).map_err(store_error)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    };
-    let last: Option<i64> = row.try_get("last_handled_us").map_err(store_error)?;
-    Ok(ConsumerStats {
-        consumer: row.try_get("consumer").map_err(store_error)?,
-        handled: count("handled")?,
-        pending: count("pending")?,
-        dead: count("dead")?,
-        duplicates: count("duplicates")?,
-        last_handled_at: last.map(from_micros),
-    })
+    fn inbox_table(&self) -> &str {
+        &self.inbox.display
+    }
+
+    fn durable_table(&self) -> &str {
+        &self.inbox.durable_display
+    }
 }
 
 impl std::fmt::Debug for InboxSql {

@@ -224,6 +224,7 @@
 #[cfg(feature = "cdc")]
 pub mod cdc;
 mod dedup;
+mod dialect;
 mod durable;
 mod error;
 #[cfg(fuzzing)]
@@ -239,6 +240,7 @@ mod store;
 mod time;
 
 pub use dedup::PgDedupStore;
+pub use dialect::PgDialect;
 pub use durable::PgDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::PgInbox;

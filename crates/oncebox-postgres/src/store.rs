@@ -7,11 +7,10 @@ use oncebox_core::Result;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::sync::Notify;
 
-use crate::dedup::DedupSql;
+use crate::dialect::PgDialect;
 use crate::durable::DurableSql;
 use crate::error::store_error;
 use crate::ident;
-use crate::inbox::InboxSql;
 use crate::notify::Wakeup;
 use crate::outbox::sql::{self as outbox_sql, OutboxSql};
 use crate::{DEFAULT_SCHEMA, DebeziumLayout, PgDedupStore, PgDurableInbox, PgInbox, PgOutbox};
@@ -38,9 +37,8 @@ pub struct PgStore {
 struct Statements {
     outbox: Arc<OutboxSql>,
     outbox_wakeup: Arc<Wakeup>,
-    inbox: Arc<InboxSql>,
+    dialect: PgDialect,
     durable: Arc<DurableSql>,
-    dedup: Arc<DedupSql>,
 }
 
 impl Statements {
@@ -50,9 +48,8 @@ impl Statements {
         Self {
             outbox: Arc::new(outbox),
             outbox_wakeup,
-            inbox: Arc::new(InboxSql::new(schema)),
+            dialect: PgDialect::new(schema),
             durable: Arc::new(DurableSql::new(schema)),
-            dedup: Arc::new(DedupSql::new(schema)),
         }
     }
 }
@@ -202,7 +199,7 @@ impl PgStore {
 
     /// The transactional inbox (records of processed ids, for every consumer).
     pub fn inbox(&self) -> PgInbox {
-        PgInbox::new(self.pool.clone(), Arc::clone(&self.sql.inbox))
+        PgInbox::new(self.pool.clone(), self.sql.dialect.clone())
     }
 
     /// The durable inbox of `consumer`.
@@ -217,6 +214,7 @@ impl PgStore {
         PgDurableInbox::new(
             self.pool.clone(),
             Arc::clone(&self.sql.durable),
+            self.sql.dialect.clone(),
             consumer,
             wake,
         )
@@ -224,6 +222,6 @@ impl PgStore {
 
     /// The dedup store of the idempotent receiver.
     pub fn dedup(&self) -> PgDedupStore {
-        PgDedupStore::new(self.pool.clone(), Arc::clone(&self.sql.dedup))
+        PgDedupStore::new(self.pool.clone(), self.sql.dialect.clone())
     }
 }

@@ -5,14 +5,14 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settlement, SpoolStore};
 use oncebox_core::store::{Accepted, DurableInboxStore, Transactional};
-use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Coordinates, Error, Headers, MessageId, Received, Result};
+use oncebox_core::time::to_unix_millis;
+use oncebox_core::{Error, Received, Result};
 use sqlx::sqlite::SqlitePool;
 use sqlx::{Sqlite, Transaction};
 use tokio::sync::Notify;
 
+use crate::dialect::{SqliteDialect, begin_immediate};
 use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::inbox::{begin_immediate, count_duplicate};
 use crate::spool::{SpoolRow, SpoolSql, SpoolTable};
 
 const TABLE: &str = "oncebox_durable_inbox";
@@ -261,33 +261,12 @@ impl DurableInboxStore for SqliteDurableInbox {
         Ok(())
     }
     async fn count_duplicate(&self) -> Result<()> {
-        count_duplicate(self.table.pool(), &self.consumer).await
+        oncebox_sql::count_duplicate(self.table.pool(), &SqliteDialect, &self.consumer).await
     }
 }
 
 impl SpoolRow for Received {
     fn decode(row: &RowReader<'_>) -> Result<Self, RowDecodeError> {
-        let id: Option<String> = row.get("message_id")?;
-        let headers: String = row.get("headers")?;
-        let payload: Vec<u8> = row.get("payload")?;
-        let created_at: Option<i64> = row.get("created_at")?;
-        Ok(Received {
-            id: id
-                .map(|id| MessageId::parse(&id))
-                .transpose()
-                .map_err(|e| row.error("message_id", e))?,
-            topic: row.get("topic")?,
-            key: row.get("key")?,
-            kind: row.get("kind")?,
-            headers: Headers::from_json(&headers).map_err(|e| row.error("headers", e))?,
-            payload: payload.into(),
-            created_at: created_at.map(from_unix_millis),
-            coordinates: Coordinates {
-                source: row.get("source")?,
-                partition: row.get("partition")?,
-                position: row.get("position")?,
-            },
-            delivery_count: row.count("delivery_count")?,
-        })
+        oncebox_sql::decode_received::<SqliteDialect, _>(row)
     }
 }

@@ -1,31 +1,30 @@
-//! The transactional inbox on SQLite.
+//! The transactional inbox on SQLite: its statements, for the inbox written once in
+//! `oncebox-sql`.
 
 use std::time::SystemTime;
 
-use oncebox_core::consumer::{ConsumerStats, InboxAdmin, InboxRow, InboxRowFilter};
-use oncebox_core::sql::Conditions;
-use oncebox_core::store::{InboxStore, Recorded, Transactional};
-use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Bytes, Received, Result};
-use sqlx::sqlite::{SqlitePool, SqliteRow};
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use oncebox_core::sql::sql_limit;
+use oncebox_core::time::to_unix_millis;
+use oncebox_sql::{InboxDialect, Query, SqlInbox};
+use sqlx::Sqlite;
 
-use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::outbox::admin::decode_state;
-use crate::outbox::listing::status_literal;
-use crate::spool::{SpoolRow, sql_limit};
+use crate::dialect::SqliteDialect;
 
+/// `?1` consumer, `?2` id, `?3` now (ms).
 const RECORD: &str = "\
 INSERT INTO oncebox_inbox (consumer, message_id, processed_at) VALUES (?1, ?2, ?3)
 ON CONFLICT (consumer, message_id) DO NOTHING";
 
+/// `?1` consumer, `?2` id → `result`.
 const STORED_RESULT: &str = "\
 SELECT result FROM oncebox_inbox WHERE consumer = ?1 AND message_id = ?2";
 
+/// `?1` consumer, `?2` id, `?3` result, `?4` now (ms).
 const STORE_RESULT: &str = "\
 INSERT INTO oncebox_inbox (consumer, message_id, result, processed_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (consumer, message_id) DO UPDATE SET result = excluded.result";
 
+/// `?1` consumer, `?2` processed before (ms), `?3` limit.
 const PURGE: &str = "\
 DELETE FROM oncebox_inbox WHERE rowid IN (
   SELECT rowid FROM oncebox_inbox WHERE consumer = ?1 AND processed_at < ?2
@@ -36,11 +35,11 @@ const COUNT_DUPLICATE: &str = "\
 INSERT INTO oncebox_inbox_duplicates (consumer, skipped, last_at) VALUES (?1, 1, ?2)
 ON CONFLICT (consumer) DO UPDATE SET skipped = skipped + 1, last_at = excluded.last_at";
 
-/// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled_ms` per
+/// → `consumer`, `handled`, `pending`, `dead`, `duplicates`, `last_handled` (ms) per
 /// consumer, in byte order of the name.
 const CONSUMERS: &str = "\
 SELECT consumer, sum(handled) AS handled, sum(pending) AS pending, sum(dead) AS dead,
-  sum(duplicates) AS duplicates, max(last_at) AS last_handled_ms
+  sum(duplicates) AS duplicates, max(last_at) AS last_handled
 FROM (
   SELECT consumer, count(*) AS handled, 0 AS pending, 0 AS dead, 0 AS duplicates,
     max(processed_at) AS last_at
@@ -55,7 +54,7 @@ FROM (
 GROUP BY consumer
 ORDER BY consumer";
 
-/// A durable inbox row for [`InboxAdmin::inbox_rows`], up to its `WHERE`; the lease is
+/// A durable inbox row for the admin's listing, up to its `WHERE`; the lease is
 /// the latest claim's on the row.
 const INBOX_ROWS: &str = "\
 SELECT d.seq, d.consumer, d.dedup_id, d.status, d.attempts, d.available_at, d.last_error,
@@ -67,240 +66,80 @@ SELECT d.seq, d.consumer, d.dedup_id, d.status, d.attempts, d.available_at, d.la
        d.delivery_count
 FROM oncebox_durable_inbox AS d";
 
-/// Adds one to `consumer`'s count of skipped duplicates, in a statement of its own.
-pub(crate) async fn count_duplicate(pool: &SqlitePool, consumer: &str) -> Result<()> {
-    sqlx::query(COUNT_DUPLICATE)
-        .bind(consumer)
-        .bind(to_unix_millis(SystemTime::now()))
-        .execute(pool)
-        .await
-        .map_err(store_error)?;
-    Ok(())
-}
-
-/// Starts a transaction that takes SQLite's write lock at once.
-///
-/// Concurrent transactions on the same database then run one after the other instead of
-/// failing on lock upgrade, and a duplicate delivery waits for the first one to commit,
-/// then finds its record.
-pub(crate) async fn begin_immediate(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>> {
-    pool.begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(store_error)
-}
-
 /// The transactional inbox: records of the ids each consumer processed, written in the
-/// handler's transaction (table `oncebox_inbox`, keyed by consumer and id).
+/// handler's transaction (table `oncebox_inbox`, keyed by consumer and id); and the
+/// inbox admin of the database.
 ///
 /// Transactions start with `BEGIN IMMEDIATE`, so handler transactions on one database
 /// run one at a time (SQLite has a single writer); keep handlers short. The handler runs
 /// its queries on `&mut **tx`.
-#[derive(Debug, Clone)]
-pub struct SqliteInbox {
-    pool: SqlitePool,
+///
+/// The admin's [`consumers`](oncebox_core::consumer::InboxAdmin::consumers) reads, in
+/// one statement, every record of the transactional inbox (from its `(consumer,
+/// processed_at)` index, which covers them) and every row of the durable inbox, each
+/// once: call it at the pace of a dashboard, not per message. Its
+/// [`inbox_rows`](oncebox_core::consumer::InboxAdmin::inbox_rows) reads newest first
+/// from `before`, on the table (its rowid is the `seq`) or, for a consumer's pending
+/// rows, the partial index of pending rows. The other criteria have no index of their
+/// own: rows are filtered one by one until `limit` match, which reads every row older
+/// than `before` where matches are rare.
+pub type SqliteInbox = SqlInbox<SqliteDialect>;
+
+/// Now, in the milliseconds the time columns hold.
+fn now() -> i64 {
+    to_unix_millis(SystemTime::now())
 }
 
-impl SqliteInbox {
-    pub(crate) fn new(pool: SqlitePool) -> Self {
-        Self { pool }
-    }
-}
-
-impl Transactional for SqliteInbox {
-    type Tx = Transaction<'static, Sqlite>;
-
-    async fn begin(&self) -> Result<Self::Tx> {
-        begin_immediate(&self.pool).await
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(store_error)
-    }
-}
-
-impl InboxStore for SqliteInbox {
-    async fn record(&self, tx: &mut Self::Tx, consumer: &str, id: &str) -> Result<Recorded> {
-        let inserted = sqlx::query(RECORD)
+impl InboxDialect for SqliteDialect {
+    fn record(&self, consumer: &str, id: &str) -> Query<Sqlite> {
+        sqlx::query(RECORD)
             .bind(consumer.to_owned())
             .bind(id.to_owned())
-            .bind(to_unix_millis(SystemTime::now()))
-            .execute(&mut **tx)
-            .await
-            .map_err(store_error)?;
-        if inserted.rows_affected() > 0 {
-            return Ok(Recorded::New);
-        }
-        let result: Option<Vec<u8>> = sqlx::query_scalar(STORED_RESULT)
-            .bind(consumer.to_owned())
-            .bind(id.to_owned())
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(store_error)?;
-        Ok(Recorded::Duplicate {
-            result: result.map(Bytes::from).unwrap_or_default(),
-        })
+            .bind(now())
     }
 
-    async fn store_result(
-        &self,
-        tx: &mut Self::Tx,
-        consumer: &str,
-        id: &str,
-        result: &[u8],
-    ) -> Result<()> {
+    fn stored_result(&self, consumer: &str, id: &str) -> Query<Sqlite> {
+        sqlx::query(STORED_RESULT)
+            .bind(consumer.to_owned())
+            .bind(id.to_owned())
+    }
+
+    fn store_result(&self, consumer: &str, id: &str, result: &[u8]) -> Query<Sqlite> {
         sqlx::query(STORE_RESULT)
             .bind(consumer.to_owned())
             .bind(id.to_owned())
             .bind(result.to_vec())
-            .bind(to_unix_millis(SystemTime::now()))
-            .execute(&mut **tx)
-            .await
-            .map_err(store_error)?;
-        Ok(())
+            .bind(now())
     }
 
-    async fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let deleted = sqlx::query(PURGE)
-            .bind(consumer)
+    fn purge(&self, consumer: &str, before: SystemTime, limit: usize) -> Query<Sqlite> {
+        sqlx::query(PURGE)
+            .bind(consumer.to_owned())
             .bind(to_unix_millis(before))
             .bind(sql_limit(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(deleted.rows_affected())
     }
 
-    async fn count_duplicate(&self, consumer: &str) -> Result<()> {
-        count_duplicate(&self.pool, consumer).await
-    }
-}
-
-impl InboxAdmin for SqliteInbox {
-    /// Reads, in one statement, every record of the transactional inbox (from its
-    /// `(consumer, processed_at)` index, which covers them) and every row of the durable
-    /// inbox, each once, and groups them by consumer. The cost grows with what retention
-    /// keeps: call it at the pace of a dashboard, not per message.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
-        let rows = sqlx::query(CONSUMERS)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(store_error)?;
-        rows.iter().map(consumer_stats).collect()
+    fn count_duplicate(&self, consumer: &str) -> Query<Sqlite> {
+        sqlx::query(COUNT_DUPLICATE)
+            .bind(consumer.to_owned())
+            .bind(now())
     }
 
-    /// One statement, newest first from `before`, on the table (its rowid is the `seq`)
-    /// or, for a consumer's pending rows, the partial index of pending rows. The other
-    /// criteria have no index of their own: rows are filtered one by one until `limit`
-    /// match, which reads every row older than `before` where matches are rare.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn inbox_rows(
-        &self,
-        filter: &InboxRowFilter,
-        before: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<InboxRow>> {
-        let rows = listing(filter, before, limit)
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(store_error)?;
-        rows.iter().map(inbox_row).collect()
+    fn consumers(&self) -> Query<Sqlite> {
+        sqlx::query(CONSUMERS)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only reads.
-    async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
-        let mut query = QueryBuilder::new(INBOX_ROWS);
-        query.push(" WHERE d.seq = ").push_bind(seq);
-        let row = query
-            .build()
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        row.as_ref().map(inbox_row).transpose()
+    fn durable_rows(&self) -> &str {
+        INBOX_ROWS
     }
-}
 
-/// The listing statement: [`INBOX_ROWS`] with a condition for each criterion of
-/// `filter` that is set, every value bound, newest first from `before`.
-fn listing(filter: &InboxRowFilter, before: Option<i64>, limit: usize) -> QueryBuilder<Sqlite> {
-    let mut query = QueryBuilder::new(INBOX_ROWS);
-    let mut conditions = Conditions::new(&mut query);
-    if let Some(consumer) = &filter.consumer {
-        conditions.and("d.consumer = ").push_bind(consumer.clone());
-    }
-    if let Some(status) = filter.status {
-        conditions.and("d.status = ").push(status_literal(status));
-    }
-    if let Some(topic) = &filter.topic {
-        conditions.and("d.topic = ").push_bind(topic.clone());
-    }
-    if let Some(key) = &filter.key {
-        conditions.and("d.key = ").push_bind(key.clone());
-    }
-    if let Some(id) = &filter.dedup_id {
-        conditions.and("d.dedup_id = ").push_bind(id.clone());
-    }
-    if let Some(from) = filter.received_from {
-        conditions
-            .and("d.received_at >= ")
-            .push_bind(to_unix_millis(from));
-    }
-    if let Some(until) = filter.received_until {
-        conditions
-            .and("d.received_at < ")
-            .push_bind(to_unix_millis(until));
-    }
-    if let Some(before) = before {
-        conditions.and("d.seq < ").push_bind(before);
-    }
-    query
-        .push(" ORDER BY d.seq DESC LIMIT ")
-        .push_bind(sql_limit(limit));
-    query
-}
+    const DURABLE_KEY: &'static str = "d.key";
 
-/// One row of [`INBOX_ROWS`].
-fn inbox_row(row: &SqliteRow) -> Result<InboxRow> {
-    let seq: i64 = row.try_get("seq").map_err(store_error)?;
-    let reader = RowReader::new(row, "oncebox_durable_inbox", format_args!("seq {seq}"));
-    let decode = || -> std::result::Result<InboxRow, RowDecodeError> {
-        Ok(InboxRow {
-            consumer: reader.get("consumer")?,
-            dedup_id: reader.get("dedup_id")?,
-            state: decode_state(&reader)?,
-            received_at: from_unix_millis(reader.get("received_at")?),
-            result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
-            received: Received::decode(&reader)?,
-        })
-    };
-    Ok(decode()?)
-}
+    fn inbox_table(&self) -> &str {
+        "oncebox_inbox"
+    }
 
-/// One row of [`CONSUMERS`].
-fn consumer_stats(row: &SqliteRow) -> Result<ConsumerStats> {
-    let count = |column: &str| -> Result<u64> {
-        let n: i64 = row.try_get(column).map_err(store_error)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    };
-    let last: Option<i64> = row.try_get("last_handled_ms").map_err(store_error)?;
-    Ok(ConsumerStats {
-        consumer: row.try_get("consumer").map_err(store_error)?,
-        handled: count("handled")?,
-        pending: count("pending")?,
-        dead: count("dead")?,
-        duplicates: count("duplicates")?,
-        last_handled_at: last.map(from_unix_millis),
-    })
+    fn durable_table(&self) -> &str {
+        "oncebox_durable_inbox"
+    }
 }

@@ -74,6 +74,7 @@
 //! with that reason instead of stopping.
 
 mod dedup;
+mod dialect;
 mod durable;
 mod error;
 mod inbox;
@@ -83,6 +84,7 @@ mod spool;
 mod store;
 
 pub use dedup::SqliteDedupStore;
+pub use dialect::SqliteDialect;
 pub use durable::SqliteDurableInbox;
 pub use error::RowDecodeError;
 pub use inbox::SqliteInbox;

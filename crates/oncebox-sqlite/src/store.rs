@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSy
 use tokio::sync::Notify;
 
 use crate::error::store_error;
-use crate::{SqliteDedupStore, SqliteDurableInbox, SqliteInbox, SqliteOutbox};
+use crate::{SqliteDedupStore, SqliteDialect, SqliteDurableInbox, SqliteInbox, SqliteOutbox};
 
 /// How long a connection waits for the write lock before failing with a transient
 /// error.
@@ -128,7 +128,7 @@ impl SqliteStore {
 
     /// The transactional inbox (records of processed ids, for every consumer).
     pub fn inbox(&self) -> SqliteInbox {
-        SqliteInbox::new(self.pool.clone())
+        SqliteInbox::new(self.pool.clone(), SqliteDialect)
     }
 
     /// The durable inbox of `consumer`.
@@ -145,6 +145,6 @@ impl SqliteStore {
 
     /// The dedup store of the idempotent receiver.
     pub fn dedup(&self) -> SqliteDedupStore {
-        SqliteDedupStore::new(self.pool.clone())
+        SqliteDedupStore::new(self.pool.clone(), SqliteDialect)
     }
 }

@@ -86,6 +86,10 @@ pub trait InboxAdmin: Send + Sync {
     /// # Errors
     ///
     /// A store error; a permanent one if a row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     fn consumers(&self) -> impl Future<Output = Result<Vec<ConsumerStats>>> + Send;
 
     /// Up to `limit` durable inbox rows that match `filter`, newest first: in descending
@@ -96,6 +100,10 @@ pub trait InboxAdmin: Send + Sync {
     /// # Errors
     ///
     /// A store error; a permanent one if a row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     fn inbox_rows(
         &self,
         filter: &InboxRowFilter,
@@ -109,5 +117,9 @@ pub trait InboxAdmin: Send + Sync {
     /// # Errors
     ///
     /// A store error; a permanent one if the row holds values oncebox did not write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     fn inbox_row(&self, seq: i64) -> impl Future<Output = Result<Option<InboxRow>>> + Send;
 }

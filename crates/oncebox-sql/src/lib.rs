@@ -1,0 +1,31 @@
+//! The rules of oncebox's SQL stores, written once.
+//!
+//! PostgreSQL, MySQL / MariaDB and SQLite keep the same tables and follow the same
+//! rules: an inbox record is inserted under a unique key and a duplicate returns the
+//! stored result; the admin figures and listings read the same columns. This crate
+//! writes those rules once, generic over [`sqlx::Database`]. What differs between the
+//! databases is supplied by a dialect, implemented by each backend crate
+//! (`oncebox-postgres`, `oncebox-mysql`, `oncebox-sqlite`) on one type:
+//!
+//! - [`Dialect`]: encodings and idioms. Times kept as microseconds or milliseconds,
+//!   names and ids as text or bytes, statuses as text or numbers; how a handler's
+//!   transaction begins; how a retention `DELETE` runs without blocking writers.
+//! - one trait per store for its statements, each with its values bound
+//!   ([`InboxDialect`], [`DedupDialect`]), every method's contract in its docs.
+//!
+//! The stores ([`SqlInbox`], [`SqlDedupStore`]) are what the backend crates hand out
+//! under their own names (`PgInbox`, `MySqlDedupStore`, ...); their documentation says
+//! how each database's statements behave. Users of oncebox need not name this crate.
+//!
+//! The shape follows sqlx's migrator (the protocol once in `sqlx-core`, each driver
+//! supplying its statements) and Watermill's SQL adapters.
+
+mod dedup;
+mod dialect;
+mod durable;
+mod inbox;
+
+pub use dedup::{DedupDialect, SqlDedupStore};
+pub use dialect::{Dialect, Field, Query, RowReader};
+pub use durable::decode_received;
+pub use inbox::{InboxDialect, SqlInbox, count_duplicate};
