@@ -3,7 +3,7 @@
 # which the tests start themselves).
 #
 #   scripts/services.sh NAME...
-#   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox chaos`)
+#   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox-bench chaos`)
 #
 # Each backend's tests add their service to SERVICES in scripts/test; this script knows
 # how to bring each one up on a Debian machine and waits until it answers.
@@ -151,7 +151,7 @@ ensure_browser() {
   log "$(chromedriver --version | head -n1)"
 }
 
-# restart NAME: a restart that keeps the service's data, as `oncebox chaos` injects it.
+# restart NAME: a restart that keeps the service's data, as `oncebox-bench chaos` injects it.
 # Kafka (tansu) keeps its data in memory here: a restart would lose it.
 restart() {
   case "$1" in

@@ -9,21 +9,30 @@
 //! - `oncebox config check` prints the configuration they run on, secrets hidden.
 //! - `oncebox demo` runs an order → payment system on the embedded default (SQLite and
 //!   the in-process broker) under injected faults and audits every order's charges.
-//! - `oncebox bench` measures the engines against baselines doing the same work without
-//!   them.
+//!
+//! The benchmarks and the chaos campaign are the team's tools, not the operator's: they
+//! live in the crate `oncebox-bench`, a binary of its own.
 //!
 //! Exit status: 0 on success, 1 when the work failed, 2 when the configuration cannot
 //! work (a bad key, an unreachable store or broker, an unusable listen address), with
 //! one line on stderr naming the key or the cause; 3 when a service's stop was cut short
 //! by its deadline or a second signal.
 //!
-//! The command lives in this library, and the binary calls its `main`, so that the fuzz
-//! targets (`fuzz/` at the repository root) reach the configuration's decoding. The
-//! library is no API.
+//! # The library
+//!
+//! The command lives in this library, and the binary calls its [`main`], so that the
+//! fuzz targets (`fuzz/` at the repository root) reach the configuration's decoding and
+//! `oncebox-bench` runs the services as the binary does. The library is not published
+//! and promises no stability; what it makes public is what `oncebox-bench` needs:
+//!
+//! - [`main_from`]: the whole command on a given command line (the chaos run's relays);
+//! - [`Config`] with [`Overrides`] and [`ConfigError`]: the service configuration, loaded
+//!   and checked as the command does;
+//! - [`Database`] and [`Broker`]: the store and broker a configuration names, connected;
+//! - [`stop`]: a service's graceful stop on SIGTERM and SIGINT;
+//! - [`telemetry`]: logs, and the spans of the outbox hop as the services trace them.
 
 mod admin;
-mod bench;
-mod chaos;
 mod config;
 mod dashboard;
 mod demo;
@@ -31,15 +40,19 @@ mod demo;
 #[doc(hidden)]
 pub mod fuzzing;
 mod service;
-mod telemetry;
+pub mod telemetry;
 
+pub use config::{Config, ConfigError, Overrides};
+pub use service::backend::{AnyDelivery, AnySubscriber, Broker, Database};
+pub use service::stop;
+
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::LazyLock;
 
 use clap::{Parser, Subcommand};
 
-use config::{Config, ConfigError, Overrides};
 use telemetry::Tracing;
 
 /// `--version`: the version, then the stores and brokers in this build.
@@ -86,16 +99,6 @@ enum Command {
     Dashboard,
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
-    /// Benchmark the relay, its latency, the inbox, the HTTP layer and the dedup stores
-    /// against baselines without them.
-    Bench(bench::BenchArgs),
-    /// Run the order → payment system as real relay and payment processes on PostgreSQL
-    /// and a broker, under a seeded plan of kills, pauses, cut connections and restarts,
-    /// and audit the charges.
-    Chaos(chaos::ChaosArgs),
-    /// The payment process of `oncebox chaos` (started by it).
-    #[command(hide = true, name = "chaos-payments")]
-    ChaosPayments(chaos::PaymentsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,12 +155,23 @@ impl From<oncebox::Error> for Failure {
 }
 
 /// Runs the command line this process was started with: the binary's `main`.
-#[doc(hidden)]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // The demo and the benchmarks take their own flags, not the service configuration.
+    main_from(std::env::args_os())
+}
+
+/// Runs the command on `args` (the program's name first, then its arguments, as
+/// [`std::env::args_os`] gives them) and returns its exit status. It takes the process
+/// over as the binary does: the tracing subscriber it installs stays the process's, and
+/// help, a version or a bad flag print and exit.
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    // The demo takes its own flags, not the service configuration.
     let config = match cli.command {
-        Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) => None,
+        Command::Demo(_) => None,
         _ => match Config::load(&cli.overrides) {
             Ok(config) => Some(config),
             Err(error) => return configuration_error(&error),
@@ -172,12 +186,7 @@ pub fn main() -> ExitCode {
         (Command::Receive(_), Some(config)) => {
             telemetry::init("info", Tracing::Services(config, "oncebox-receive"))
         }
-        (Command::ChaosPayments(_), Some(config)) => {
-            telemetry::init("info", Tracing::Services(config, "oncebox-chaos-payments"))
-        }
         (Command::Dashboard, _) => telemetry::init("info", Tracing::Off),
-        (Command::Chaos(_), _) => telemetry::init("error", Tracing::Off),
-        (Command::Bench(_), _) => telemetry::init("error", Tracing::Bench),
         _ => telemetry::init("error", Tracing::Off),
     };
     let telemetry = match telemetry {
@@ -227,12 +236,10 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
             };
             return Ok(demo::run(config).await?);
         }
-        Command::Bench(args) => return Ok(bench::run(args).await?),
-        Command::Chaos(args) => return Ok(chaos::run(args).await?),
         command => command,
     };
     let Some(config) = config else {
-        unreachable!("main loads the configuration of every command but demo, bench and chaos")
+        unreachable!("main loads the configuration of every command but demo")
     };
     let code = match command {
         Command::Relay => service::relay(&config).await?,
@@ -246,8 +253,7 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
         Command::DeadLetters(command) => admin::dead_letters(&config, command).await?,
         Command::Inbox(command) => admin::inbox(&config, command).await?,
         Command::Dashboard => dashboard::run(&config).await?,
-        Command::ChaosPayments(args) => chaos::payments(&config, &args).await?,
-        Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) => unreachable!("handled above"),
+        Command::Demo(_) => unreachable!("handled above"),
     };
     Ok(code)
 }

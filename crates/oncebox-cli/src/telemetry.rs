@@ -8,51 +8,50 @@
 //!   `{endpoint}/v1/traces`, batched on a thread of the exporter's own. The spans of the
 //!   target `oncebox` at level `INFO` are exported, whatever `RUST_LOG` says of logs; an
 //!   export waits at most 3 s for the collector (so does the last one, at exit).
-//! - `oncebox bench relay` and `bench consumer` measure a side with the spans built and
-//!   handed to an exporter that drops them ([`traced`]), against the same engine
-//!   untraced.
+//! - A tool that traces the engines as the services do but hands the spans elsewhere
+//!   (`oncebox-bench`, measuring what tracing costs) builds its layer with
+//!   [`span_layer`] and [`exported_spans`] and installs it with [`Tracing::Layer`].
 
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::Layer as _;
+use tracing_subscriber::Layer;
+use tracing_subscriber::Registry;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::config::{Config, ConfigError};
 
-/// What the command traces to.
-pub(crate) enum Tracing<'c> {
+/// What the process traces to, besides its logs.
+pub enum Tracing<'c> {
     /// Logs only.
     Off,
-    /// The services: OTLP to the configured endpoint, if any, as the service named
+    /// A service's spans: OTLP to the configured endpoint, if any, as the service named
     /// (unless the configuration names it).
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     Services(&'c Config, &'static str),
-    /// The benchmarks: spans dropped by the exporter, while [`traced`] says so.
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    Bench,
+    /// The spans `layer` takes, which filters and exports them itself.
+    Layer(Box<dyn Layer<Registry> + Send + Sync>),
 }
 
-/// Installs the subscriber: logs on stderr filtered by `RUST_LOG` (else `default_logs`),
-/// and the OpenTelemetry layer `tracing` asks for. The exporter is flushed when the
-/// returned guard is dropped.
+/// Installs the process's subscriber: logs on stderr filtered by `RUST_LOG` (else
+/// `default_logs`), and the spans' layer `tracing` asks for. The services' exporter is
+/// flushed when the returned guard is dropped.
 ///
 /// # Errors
 ///
 /// A configuration error when the exporter cannot be built (a bad endpoint).
-pub(crate) fn init(default_logs: &str, tracing: Tracing<'_>) -> Result<Telemetry, ConfigError> {
-    let levels = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_logs.into());
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(levels);
-    let registry = tracing_subscriber::registry().with(logs);
+///
+/// # Panics
+///
+/// When the process has a subscriber already.
+pub fn init(default_logs: &str, tracing: Tracing<'_>) -> Result<Telemetry, ConfigError> {
+    let registry = tracing_subscriber::registry();
     match tracing {
         Tracing::Off => {
-            registry.init();
+            registry.with(logs(default_logs)).init();
             Ok(Telemetry::default())
         }
         #[cfg(feature = "otel")]
         Tracing::Services(config, service) => {
+            let registry = registry.with(logs(default_logs));
             let Some(endpoint) = config.otel.endpoint.as_deref() else {
                 registry.init();
                 return Ok(Telemetry::default());
@@ -67,28 +66,33 @@ pub(crate) fn init(default_logs: &str, tracing: Tracing<'_>) -> Result<Telemetry
         #[cfg(not(feature = "otel"))]
         Tracing::Services(..) => {
             // Config::validate refuses an endpoint in a build without the feature.
-            registry.init();
+            registry.with(logs(default_logs)).init();
             Ok(Telemetry::default())
         }
-        #[cfg(feature = "otel")]
-        Tracing::Bench => {
-            let (layer, provider) = otel::discarding();
-            registry.with(layer).init();
-            Ok(Telemetry {
-                provider: Some(provider),
-            })
-        }
-        #[cfg(not(feature = "otel"))]
-        Tracing::Bench => {
-            registry.init();
+        Tracing::Layer(layer) => {
+            // Beneath the logs: a boxed layer is one of the bare registry's.
+            registry.with(layer).with(logs(default_logs)).init();
             Ok(Telemetry::default())
         }
     }
 }
 
-/// Flushes and shuts the exporter down when dropped (outside the async runtime).
+/// The logs: events on stderr, filtered by `RUST_LOG`, else `default_logs`.
+fn logs<S>(default_logs: &str) -> impl Layer<S> + use<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let levels = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_logs.into());
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(levels)
+}
+
+/// Flushes and shuts the services' exporter down when dropped (outside the async
+/// runtime).
 #[derive(Default)]
-pub(crate) struct Telemetry {
+pub struct Telemetry {
     #[cfg(feature = "otel")]
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
@@ -109,70 +113,48 @@ pub(crate) const fn can_trace() -> bool {
     cfg!(feature = "otel")
 }
 
-/// Runs `work` with the benchmarks' spans built and exported (to nowhere) when `on`,
-/// untraced otherwise. Only one traced run at a time; [`spans_exported`] tells whether
-/// it produced spans.
+/// The layer over `tracer` as the services install it: the conventions' attributes
+/// only (no code location, thread, target or busy and idle times, each of which costs
+/// every span), and no OpenTelemetry context made current on entering a span (nothing
+/// else in the process reads it).
 #[cfg(feature = "otel")]
-pub(crate) async fn traced<F: std::future::Future>(on: bool, work: F) -> F::Output {
-    otel::BENCH_TRACING.store(on, std::sync::atomic::Ordering::Relaxed);
-    let output = work.await;
-    otel::BENCH_TRACING.store(false, std::sync::atomic::Ordering::Relaxed);
-    output
+pub fn span_layer<S>(
+    tracer: opentelemetry_sdk::trace::SdkTracer,
+) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false)
 }
 
-/// Flushes the benchmarks' exporter and returns how many spans it was handed so far (0
-/// in a build without the feature). Blocks until the flush is done.
-pub(crate) fn spans_exported() -> u64 {
-    #[cfg(feature = "otel")]
-    if let Some(provider) = otel::BENCH_PROVIDER.get() {
-        let _ = tokio::task::block_in_place(|| provider.force_flush());
-        return otel::EXPORTED.load(std::sync::atomic::Ordering::Relaxed);
-    }
-    0
+/// The spans the services export: `oncebox`'s, from `INFO` up.
+#[cfg(feature = "otel")]
+pub fn exported_spans() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_target("oncebox", tracing_subscriber::filter::LevelFilter::INFO)
 }
 
 #[cfg(feature = "otel")]
 mod otel {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, WithExportConfig as _};
     use opentelemetry_sdk::Resource;
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing::Subscriber;
-    use tracing::subscriber::Interest;
-    use tracing_opentelemetry::OpenTelemetryLayer;
     use tracing_subscriber::Layer;
-    use tracing_subscriber::filter::{DynFilterFn, LevelFilter, Targets};
     use tracing_subscriber::registry::LookupSpan;
 
+    use super::{exported_spans, span_layer};
     use crate::config::{Config, ConfigError};
-
-    /// The layer over `tracer` as the services install it: the conventions' attributes
-    /// only (no code location, thread, target or busy and idle times, each of which
-    /// costs every span), and no OpenTelemetry context made current on entering a span
-    /// (nothing else in the process reads it).
-    fn layer<S>(tracer: SdkTracer) -> OpenTelemetryLayer<S, SdkTracer>
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-    {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false)
-            .with_context_activation(false)
-    }
 
     /// The longest one export may take.
     const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
-
-    /// The spans exported: `oncebox`'s, from `INFO` up.
-    fn oncebox_spans() -> Targets {
-        Targets::new().with_target("oncebox", LevelFilter::INFO)
-    }
 
     /// The layer exporting to `endpoint` over OTLP/HTTP, and its provider.
     pub(super) fn otlp<S>(
@@ -205,53 +187,7 @@ mod otel {
                     .build(),
             )
             .build();
-        let layer = layer(provider.tracer("oncebox")).with_filter(oncebox_spans());
+        let layer = span_layer(provider.tracer("oncebox")).with_filter(exported_spans());
         Ok((layer, provider))
-    }
-
-    /// Whether the benchmark's traced side is running.
-    pub(super) static BENCH_TRACING: AtomicBool = AtomicBool::new(false);
-
-    /// The benchmarks' provider, for flushes between runs.
-    pub(super) static BENCH_PROVIDER: std::sync::OnceLock<SdkTracerProvider> =
-        std::sync::OnceLock::new();
-
-    /// Spans the benchmarks' exporter was handed.
-    pub(super) static EXPORTED: AtomicU64 = AtomicU64::new(0);
-
-    /// The benchmarks' layer: `oncebox`'s spans while [`BENCH_TRACING`] is set, built
-    /// and batched as for OTLP, then dropped by the exporter.
-    pub(super) fn discarding<S>() -> (impl Layer<S> + use<S>, SdkTracerProvider)
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-    {
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(Discard)
-            .with_max_links_per_span(1024)
-            .build();
-        let _ = BENCH_PROVIDER.set(provider.clone());
-        let spans = oncebox_spans();
-        // Asked at every span, not once per call site: the switch flips between runs.
-        let filter = DynFilterFn::new(|_, _| BENCH_TRACING.load(Ordering::Relaxed))
-            .with_callsite_filter(move |metadata| {
-                if spans.would_enable(metadata.target(), metadata.level()) {
-                    Interest::sometimes()
-                } else {
-                    Interest::never()
-                }
-            });
-        let layer = layer(provider.tracer("oncebox-bench")).with_filter(filter);
-        (layer, provider)
-    }
-
-    /// An exporter that drops every span: the cost of tracing without a collector's.
-    #[derive(Debug)]
-    struct Discard;
-
-    impl SpanExporter for Discard {
-        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-            EXPORTED.fetch_add(batch.len() as u64, Ordering::Relaxed);
-            Ok(())
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! The admin commands on real databases: dead letters listed, replayed (by topic, after
 //! a confirmation) and purged, then re-published by `oncebox relay`; rows shown.
 
-#![cfg(all(feature = "mysql", feature = "redis-streams"))]
+#![cfg(feature = "mysql")]
 
 mod support;
 
@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use oncebox::redis::redis;
 use oncebox::spool::{Relay, SpoolOptions};
 use oncebox::{Message, Publisher};
 use serde_json::Value;

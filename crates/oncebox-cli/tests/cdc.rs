@@ -13,6 +13,8 @@ use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
+use oncebox::kafka::rdkafka;
+use oncebox::nats::async_nats;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers as _, Message as _};
 use support::{Seen, Service, audit, psql, run_ok, sample, wait_for, write_config};

@@ -7,8 +7,6 @@
 //! Screenshots of each page are taken on every run; with `ONCEBOX_UPDATE_SCREENSHOTS=1`
 //! they replace those in `docs/dashboard/` that the README shows.
 
-#![cfg(feature = "redis-streams")]
-
 mod support;
 
 use std::io::{Read as _, Write as _};
@@ -16,7 +14,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use oncebox::redis::RedisDedupStore;
+use oncebox::redis::{RedisDedupStore, redis};
 use oncebox::store::{Begin, DedupStore};
 use oncebox_testkit::browser::{Browser, BrowserOptions, SameSite};
 use support::{Service, psql, run_ok, wait_for, write_config};

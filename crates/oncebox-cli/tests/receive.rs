@@ -8,7 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
+use oncebox::nats::async_nats::{self, HeaderMap};
 use support::{Service, psql, run_ok, wait_for, write_config};
 
 const MESSAGES: usize = 10_000;

@@ -2,13 +2,15 @@
 //! stopped by SIGTERM and killed by SIGKILL at mid-drain, restarted, and what reached
 //! the broker read back with the broker's own client.
 
-#![cfg(all(feature = "nats", feature = "redis-streams"))]
+#![cfg(feature = "nats")]
 
 mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
+use oncebox::nats::async_nats;
+use oncebox::redis::redis;
 use support::{Seen, Service, audit, psql, run_ok, sample, wait_for, write_config};
 
 /// Orders placed by the producers of these tests, and their customers (the keys).

@@ -191,8 +191,8 @@ stats_interval = "100ms"
         );
     }
     support::psql(&format!("DROP SCHEMA {schema} CASCADE"));
-    if let Ok(nats) = async_nats::connect(support::nats_url()).await {
-        let _ = async_nats::jetstream::new(nats)
+    if let Ok(nats) = oncebox::nats::async_nats::connect(support::nats_url()).await {
+        let _ = oncebox::nats::async_nats::jetstream::new(nats)
             .delete_stream(schema.to_uppercase())
             .await;
     }

@@ -34,7 +34,7 @@ pub(crate) const ENV_PREFIX: &str = "ONCEBOX_";
 
 /// A configuration that cannot work: the key (or source) and why, on one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ConfigError(pub(crate) String);
+pub struct ConfigError(pub(crate) String);
 
 impl ConfigError {
     pub(crate) fn key(key: &str, problem: impl fmt::Display) -> Self {
@@ -54,7 +54,7 @@ impl std::error::Error for ConfigError {}
 /// `docs/service.md`); `store.url` and `broker.url` have none.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct Config {
+pub struct Config {
     /// The database holding the outbox and inbox tables.
     pub(crate) store: StoreConfig,
     /// How the relay reads the outbox table.
@@ -533,19 +533,19 @@ impl HttpConfig {
 
 /// Flags that override the merged configuration (they win over everything).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub(crate) struct Overrides {
+pub struct Overrides {
     /// TOML configuration file.
     #[arg(long, short = 'c', global = true, value_name = "FILE")]
-    pub(crate) config: Option<std::path::PathBuf>,
+    pub config: Option<std::path::PathBuf>,
     /// `store.url`: sqlite://FILE, postgres://…, mysql://….
     #[arg(long, global = true, value_name = "URL")]
-    pub(crate) store_url: Option<String>,
+    pub store_url: Option<String>,
     /// `broker.url`: nats://…, amqp://…, kafka://HOST:PORT[,…], redis://….
     #[arg(long, global = true, value_name = "URL")]
-    pub(crate) broker_url: Option<String>,
+    pub broker_url: Option<String>,
     /// `http.listen`: the metrics and health address, or `off`.
     #[arg(long, global = true, value_name = "ADDR")]
-    pub(crate) listen: Option<String>,
+    pub listen: Option<String>,
 }
 
 impl Config {
@@ -554,7 +554,7 @@ impl Config {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the key and the cause.
-    pub(crate) fn load(flags: &Overrides) -> Result<Self, ConfigError> {
+    pub fn load(flags: &Overrides) -> Result<Self, ConfigError> {
         let vars: Vec<(String, String)> = std::env::vars().collect();
         Self::load_from(flags, &vars)
     }
@@ -743,9 +743,12 @@ impl Config {
         Ok(())
     }
 
-    /// The store URL, which every command needs.
     /// The log-tailing relay's options, from `[cdc]` and `[relay]`.
-    pub(crate) fn cdc_options(&self) -> oncebox::Result<oncebox::postgres::cdc::CdcOptions> {
+    ///
+    /// # Errors
+    ///
+    /// The options' own check failed (see `CdcOptions::validate`).
+    pub fn cdc_options(&self) -> oncebox::Result<oncebox::postgres::cdc::CdcOptions> {
         use oncebox::postgres::cdc::{CdcMode, CdcOptions, LostSlot};
         let cdc = &self.cdc;
         let mode = match cdc.source {
@@ -773,6 +776,7 @@ impl Config {
         Ok(options)
     }
 
+    /// The store URL, which every command needs.
     pub(crate) fn store_url(&self) -> Result<&StoreUrl, ConfigError> {
         self.store.url.as_ref().ok_or_else(|| {
             ConfigError::key(

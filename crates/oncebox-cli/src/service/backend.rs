@@ -18,10 +18,14 @@ use oncebox::{Delivery, Message, MessageId, Publisher, Received, Result, Subscri
 
 use crate::config::{BrokerKind, Config, ConfigError, Layout, Secret, StoreKind};
 
-/// A connected database.
-pub(crate) enum Database {
+/// A connected database. Its variants are the stores of the build (the features).
+#[non_exhaustive]
+pub enum Database {
+    /// SQLite.
     Sqlite(SqliteStore),
+    /// PostgreSQL.
     Postgres(PgStore),
+    /// MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     Mysql(oncebox::mysql::MySqlStore),
 }
@@ -30,7 +34,11 @@ impl Database {
     /// Connects to `store.url` with `store.password`. A database that cannot be reached
     /// is a configuration error (exit status 2), named by its URL; so is a SQLite file
     /// that does not exist (a relay on a new empty file would wait on it forever).
-    pub(crate) async fn connect(config: &Config) -> std::result::Result<Self, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// The [`ConfigError`] naming the store and the cause.
+    pub async fn connect(config: &Config) -> std::result::Result<Self, ConfigError> {
         Self::open(config, false).await
     }
 
@@ -359,14 +367,19 @@ impl OutboxAdmin for AnyOutbox {
     }
 }
 
-/// A connected broker.
-pub(crate) enum Broker {
+/// A connected broker. Its variants are the brokers of the build (the features).
+#[non_exhaustive]
+pub enum Broker {
+    /// NATS JetStream.
     #[cfg(feature = "nats")]
     Nats(oncebox::nats::JetStreamTransport),
+    /// RabbitMQ, whose publishers and subscribers connect on their own.
     #[cfg(feature = "rabbitmq")]
     RabbitMq(oncebox::rabbitmq::RabbitOptions),
+    /// Kafka, whose publishers and subscribers connect on their own.
     #[cfg(feature = "kafka")]
     Kafka(oncebox::kafka::KafkaOptions),
+    /// Redis Streams.
     RedisStreams(oncebox::redis::RedisStreams),
 }
 
@@ -374,7 +387,11 @@ impl Broker {
     /// Connects to `broker.url` (with `broker.password`), or for brokers whose clients
     /// connect per publisher or subscriber, checks the settings. A broker that cannot
     /// be reached is a configuration error (exit status 2).
-    pub(crate) async fn connect(config: &Config) -> std::result::Result<Self, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// The [`ConfigError`] naming the broker and the cause.
+    pub async fn connect(config: &Config) -> std::result::Result<Self, ConfigError> {
         let (url, kind) = config.broker()?;
         let timeout = config.broker.connect_timeout.get();
         let unreachable = |error: &dyn std::fmt::Display| {
@@ -485,7 +502,7 @@ impl Broker {
     }
 
     /// The broker's name, for logs.
-    pub(crate) fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &'static str {
         match self {
             #[cfg(feature = "nats")]
             Self::Nats(_) => BrokerKind::Nats.name(),
@@ -543,7 +560,11 @@ impl Broker {
     }
 
     /// A subscriber of `topic` in group `group`.
-    pub(crate) async fn subscriber(&self, topic: &str, group: &str) -> Result<AnySubscriber> {
+    ///
+    /// # Errors
+    ///
+    /// The broker's, when it refuses the subscription or cannot be reached.
+    pub async fn subscriber(&self, topic: &str, group: &str) -> Result<AnySubscriber> {
         Ok(match self {
             #[cfg(feature = "nats")]
             Self::Nats(transport) => {
@@ -602,13 +623,18 @@ impl Publisher for AnyPublisher {
 }
 
 /// The subscriber of any broker in the build (boxed: their sizes differ by kilobytes).
-pub(crate) enum AnySubscriber {
+#[non_exhaustive]
+pub enum AnySubscriber {
+    /// NATS JetStream's.
     #[cfg(feature = "nats")]
     Nats(Box<oncebox::nats::JetStreamSubscriber>),
+    /// RabbitMQ's.
     #[cfg(feature = "rabbitmq")]
     RabbitMq(Box<oncebox::rabbitmq::RabbitSubscriber>),
+    /// Kafka's.
     #[cfg(feature = "kafka")]
     Kafka(Box<oncebox::kafka::KafkaSubscriber>),
+    /// Redis Streams'.
     RedisStreams(Box<oncebox::redis::RedisStreamSubscriber>),
 }
 
@@ -629,13 +655,18 @@ impl Subscriber for AnySubscriber {
 }
 
 /// A delivery of any broker in the build.
-pub(crate) enum AnyDelivery {
+#[non_exhaustive]
+pub enum AnyDelivery {
+    /// From NATS JetStream.
     #[cfg(feature = "nats")]
     Nats(oncebox::nats::JetStreamDelivery),
+    /// From RabbitMQ.
     #[cfg(feature = "rabbitmq")]
     RabbitMq(oncebox::rabbitmq::RabbitDelivery),
+    /// From Kafka.
     #[cfg(feature = "kafka")]
     Kafka(oncebox::kafka::KafkaDelivery),
+    /// From Redis Streams.
     RedisStreams(oncebox::redis::RedisStreamDelivery),
 }
 

@@ -9,7 +9,7 @@ pub(crate) mod backend;
 mod http;
 mod receive;
 mod relay;
-pub(crate) mod stop;
+pub mod stop;
 
 pub(crate) use receive::{ReceiveArgs, receive};
 pub(crate) use relay::relay;

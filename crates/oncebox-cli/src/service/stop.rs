@@ -12,17 +12,17 @@ use tokio::sync::watch;
 /// Exit status of a stop cut short (by a second signal or the deadline): the parts may
 /// have left claims or deliveries unsettled, which their leases and the broker's
 /// redelivery take care of.
-pub(crate) const CUT_SHORT: u8 = 3;
+pub const CUT_SHORT: u8 = 3;
 
 /// The termination signals, listened to from the start of the process.
-pub(crate) struct Signals {
+pub struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
 impl Signals {
     /// Listens to SIGTERM and SIGINT: from now on they no longer kill the process.
-    pub(crate) fn listen() -> std::io::Result<Self> {
+    pub fn listen() -> std::io::Result<Self> {
         Ok(Self {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
@@ -30,7 +30,7 @@ impl Signals {
     }
 
     /// The next SIGTERM or SIGINT; its name.
-    pub(crate) async fn next(&mut self) -> &'static str {
+    pub async fn next(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
@@ -44,7 +44,7 @@ impl Signals {
 /// Returns success when the work ended by itself without error or finished within the
 /// deadline after the first signal; [`CUT_SHORT`] when a second signal or the deadline
 /// cut the stop short; the work's own error otherwise.
-pub(crate) async fn run_until_signal<F>(
+pub async fn run_until_signal<F>(
     mut signals: Signals,
     stopping: watch::Sender<bool>,
     deadline: Duration,
@@ -82,7 +82,7 @@ where
 }
 
 /// A future that completes once `stopping` turns true.
-pub(crate) fn stopped(stopping: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
+pub fn stopped(stopping: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
     let mut receiver = stopping.subscribe();
     async move {
         let _ = receiver.wait_for(|stop| *stop).await;

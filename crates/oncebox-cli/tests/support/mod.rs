@@ -27,9 +27,8 @@ pub fn redis_url() -> String {
 }
 
 /// A connection to the Redis server of the tests.
-#[cfg(feature = "redis-streams")]
-pub async fn redis() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis_url())
+pub async fn redis() -> oncebox::redis::redis::aio::MultiplexedConnection {
+    oncebox::redis::redis::Client::open(redis_url())
         .expect("a Redis URL")
         .get_multiplexed_async_connection()
         .await

@@ -1,0 +1,88 @@
+//! Runs `oncebox-bench http` and `oncebox-bench dedup` with small sizes, on memory and on
+//! Redis, and checks the shape of their JSON reports. Never asserts performance targets:
+//! figures depend on the machine.
+
+mod support;
+
+use serde_json::Value;
+use support::bench;
+
+fn positive(report: &Value, field: &str) -> f64 {
+    let value = report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} missing or not a number: {report}"));
+    assert!(value > 0.0 && value.is_finite(), "{field}: {report}");
+    value
+}
+
+fn check_http(report: &Value, store: &str) {
+    assert_eq!(report["bench"], "http");
+    assert_eq!(report["store"], store);
+    let bare = positive(report, "bare_requests_per_s");
+    let first = positive(report, "requests_per_s");
+    let replay = positive(report, "replay_requests_per_s");
+    assert!(
+        (positive(report, "ratio") - first / bare).abs() < 1e-9,
+        "{report}"
+    );
+    assert!(
+        (positive(report, "replay_ratio") - replay / bare).abs() < 1e-9,
+        "{report}"
+    );
+    // One run of each variant per round.
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(3), "{report}");
+}
+
+#[test]
+fn bench_http_memory() {
+    let report = bench(&[
+        "http",
+        "--store",
+        "memory",
+        "--requests",
+        "300",
+        "--rounds",
+        "1",
+    ]);
+    check_http(&report, "memory");
+}
+
+#[test]
+fn bench_http_redis_layered() {
+    let report = bench(&[
+        "http",
+        "--store",
+        "redis",
+        "--layered",
+        "--requests",
+        "300",
+        "--rounds",
+        "1",
+    ]);
+    check_http(&report, "redis");
+    assert_eq!(report["layered"], true);
+}
+
+#[test]
+fn bench_dedup_memory_reports_ns_per_check() {
+    let report = bench(&[
+        "dedup", "--store", "memory", "--ops", "2000", "--rounds", "1",
+    ]);
+    assert_eq!(report["bench"], "dedup");
+    positive(&report, "cycles_per_s");
+    let checks = positive(&report, "checks_per_s");
+    positive(&report, "layered_checks_per_s");
+    positive(&report, "baseline_per_s");
+    positive(&report, "ratio");
+    let ns = positive(&report, "ns_per_check");
+    assert!((ns - 1e9 / checks).abs() < 1e-6, "{report}");
+}
+
+#[test]
+fn bench_dedup_redis() {
+    let report = bench(&["dedup", "--store", "redis", "--ops", "500", "--rounds", "1"]);
+    assert_eq!(report["store"], "redis");
+    positive(&report, "cycles_per_s");
+    positive(&report, "checks_per_s");
+    assert!(report.get("ns_per_check").is_none(), "{report}");
+}

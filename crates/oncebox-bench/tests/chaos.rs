@@ -1,0 +1,288 @@
+//! `oncebox-bench chaos`, the short runs: real relay and payment processes on the local
+//! PostgreSQL and a real broker, under SIGKILLs, a pause past the relays' lease, cut
+//! database connections, one process's link to PostgreSQL or the broker cut, stalled
+//! or slowed, a broker restart and (NATS) a PostgreSQL restart; the audit must
+//! find every order charged exactly once and published in order. Then the same with
+//! log-tailing relays, from logical decoding messages (with a PostgreSQL restart) and
+//! from the outbox table's inserts: the reader and standbys killed, the reader paused,
+//! the walsender terminated, a link cut; the slot must also pass the last order.
+//!
+//! The restarts go through `scripts/services.sh restart`, and stop the shared services
+//! for a second or two (Redis writes a snapshot at shutdown and loads it again): this
+//! test binary holds the only tests that do it, and cargo runs test binaries one after
+//! another. A run that left PostgreSQL stopped (a restart whose shutdown outlasted
+//! pg_ctl's wait) starts it again, so that the tests after this binary still find it.
+
+#![cfg(feature = "nats")]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn services() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
+    root.display().to_string()
+}
+
+/// One run at a time: a run's restarts would strike the other's services.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Once a run is over, passed or not, PostgreSQL answers again. A fast shutdown waits
+/// for each walsender's client to confirm what it was sent; when a relay does not,
+/// pg_ctl gives up after 60 s and the server stops only once the run's processes are
+/// gone, to stay stopped.
+struct PostgresUp;
+
+impl Drop for PostgresUp {
+    fn drop(&mut self) {
+        let url = std::env::var("ONCEBOX_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        for _ in 0..120 {
+            // pg_isready: 0 accepting, 1 rejecting (shutting down), 2 no response.
+            match Command::new("pg_isready").args(["-q", "-d", &url]).status() {
+                Ok(status) if status.code() == Some(2) => {
+                    eprintln!("PostgreSQL is down after the chaos run: starting it");
+                    let _ = Command::new(services()).arg("postgres").status();
+                    return;
+                }
+                Ok(status) if status.code() == Some(1) => {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+fn chaos(args: &[&str]) -> Value {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _postgres_up = PostgresUp;
+    let out = Command::new(env!("CARGO_BIN_EXE_oncebox-bench"))
+        .arg("chaos")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("the oncebox-bench binary runs");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        out.status.success() && report["passed"] == true,
+        "the chaos run failed: {report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
+fn count(report: &Value, section: &str, field: &str) -> u64 {
+    report[section][field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{section}.{field} missing: {report}"))
+}
+
+/// The audit's figures agree with each other: every order committed, charged once and
+/// found at the broker; the faults asked for were injected.
+fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
+    assert_eq!(count(report, "ledger", "committed"), orders, "{report}");
+    assert_eq!(count(report, "ledger", "charged_once"), orders, "{report}");
+    for field in ["never_charged", "charged_twice", "phantom_charges"] {
+        assert_eq!(count(report, "ledger", field), 0, "{report}");
+    }
+    assert_eq!(count(report, "published", "orders"), orders, "{report}");
+    assert_eq!(count(report, "published", "missing"), 0, "{report}");
+    assert_eq!(count(report, "published", "out_of_order"), 0, "{report}");
+    let fault = |kind: &str| report["faults"][kind].as_u64().unwrap_or(0);
+    for (kind, n) in faults {
+        let injected = match *kind {
+            "kill" | "pause" => ["relay", "reader", "standby", "consumer"]
+                .iter()
+                .map(|role| fault(&format!("{kind}_{role}")))
+                .sum(),
+            "cut" | "stall" | "slow" => {
+                fault(&format!("{kind}_database")) + fault(&format!("{kind}_broker"))
+            }
+            _ => fault(kind),
+        };
+        assert_eq!(injected, *n, "{kind}: {report}");
+    }
+}
+
+/// A short run on `broker`: 3,000 orders at 300/s, 8 kills, a pause, a termination of
+/// the relays' connections, two cuts, stalls and slowdowns of one process's link, plus
+/// `extra` flags.
+fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "--broker-url",
+        broker,
+        "--orders",
+        "3000",
+        "--rate",
+        "300",
+        "--kills",
+        "8",
+        "--pauses",
+        "1",
+        "--terminations",
+        "1",
+        "--cuts",
+        "2",
+        "--stalls",
+        "2",
+        "--slowdowns",
+        "2",
+        "--seed",
+        seed,
+    ];
+    args.extend_from_slice(extra);
+    chaos(&args)
+}
+
+#[test]
+fn nats_survives_kills_pauses_cut_connections_and_restarts() {
+    let services = services();
+    let restart_nats = format!("{services} restart nats");
+    let restart_postgres = format!("{services} restart postgres");
+    let report = short_run(
+        "nats://127.0.0.1:4222",
+        "23",
+        &[
+            "--restart-broker",
+            &restart_nats,
+            "--broker-restarts",
+            "1",
+            "--restart-postgres",
+            &restart_postgres,
+            "--postgres-restarts",
+            "1",
+        ],
+    );
+    assert_eq!(report["broker"], "nats", "{report}");
+    check(
+        &report,
+        3000,
+        &[
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+            ("restart_broker", 1),
+            ("restart_postgres", 1),
+        ],
+    );
+}
+
+#[test]
+fn redis_streams_survive_kills_pauses_cut_connections_and_a_restart() {
+    let restart_redis = format!("{} restart redis", services());
+    let report = short_run(
+        "redis://127.0.0.1:6379",
+        "24",
+        &["--restart-broker", &restart_redis, "--broker-restarts", "1"],
+    );
+    assert_eq!(report["broker"], "redis", "{report}");
+    check(
+        &report,
+        3000,
+        &[
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+            ("restart_broker", 1),
+        ],
+    );
+}
+
+/// A short run with log-tailing relays (`relay`: `cdc-messages` or `cdc-table`, two
+/// relays on one slot): 2,000 orders at 200/s, 4 kills, a pause (of the reader with the
+/// seeds below), the walsender terminated alone and then with every relay connection,
+/// one link cut, plus `extra` flags. Checks the audit, the slot's and the faults'.
+fn short_cdc_run(relay: &str, seed: &str, extra: &[&str], faults: &[(&str, u64)]) -> Value {
+    let mut args = vec![
+        "--broker-url",
+        "nats://127.0.0.1:4222",
+        "--relay",
+        relay,
+        "--orders",
+        "2000",
+        "--rate",
+        "200",
+        "--kills",
+        "4",
+        "--pauses",
+        "1",
+        "--terminations",
+        "2",
+        "--cuts",
+        "1",
+        "--stalls",
+        "0",
+        "--slowdowns",
+        "0",
+        "--seed",
+        seed,
+    ];
+    args.extend_from_slice(extra);
+    let report = chaos(&args);
+    assert_eq!(report["relay"], relay, "{report}");
+    let mut expected = vec![
+        ("kill", 4),
+        ("pause", 1),
+        ("pause_reader", 1),
+        ("terminate_walsender", 1),
+        ("terminate_relay_connections", 1),
+        ("cut", 1),
+    ];
+    expected.extend_from_slice(faults);
+    check(&report, 2000, &expected);
+    let slot = &report["slot"];
+    assert_eq!(
+        slot["reached_last_order"], true,
+        "the slot passed the last order: {report}"
+    );
+    assert_eq!(
+        slot["reached_drained"], true,
+        "the slot passed the end of the drain: {report}"
+    );
+    assert_eq!(count(&report, "slot", "outbox_pending"), 0, "{report}");
+    assert!(
+        count(&report, "slot", "walsenders_terminated") >= 1,
+        "a walsender was terminated: {report}"
+    );
+    assert!(
+        report["faults"]["kill_reader"].as_u64().unwrap_or(0) >= 1,
+        "the reader was killed: {report}"
+    );
+    report
+}
+
+#[test]
+fn cdc_messages_survive_kills_a_paused_reader_a_terminated_walsender_and_a_postgres_restart() {
+    let restart_postgres = format!("{} restart postgres", services());
+    short_cdc_run(
+        "cdc-messages",
+        "43",
+        &[
+            "--restart-postgres",
+            &restart_postgres,
+            "--postgres-restarts",
+            "1",
+        ],
+        &[("restart_postgres", 1)],
+    );
+}
+
+#[test]
+fn cdc_table_survives_kills_a_paused_reader_and_a_terminated_walsender() {
+    short_cdc_run("cdc-table", "37", &[], &[]);
+}
