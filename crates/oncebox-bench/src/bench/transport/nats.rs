@@ -53,7 +53,7 @@ impl NatsBench {
         };
         let id = MessageId::new().to_string().replace('-', "");
         let options = JetStreamOptions::new(url.clone())
-            .name("oncebox bench")
+            .name("oncebox-bench")
             .subject_prefix(format!("oncebox-bench.{id}."))
             .request_timeout(REQUEST_TIMEOUT)
             .max_in_flight(MAX_IN_FLIGHT);

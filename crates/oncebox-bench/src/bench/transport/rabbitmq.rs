@@ -49,7 +49,7 @@ impl RabbitMqBench {
         let exchange = format!("oncebox-bench.{}", MessageId::new());
         let options = RabbitOptions::new(url.clone())
             .exchange(exchange.clone())
-            .connection_name("oncebox bench");
+            .connection_name("oncebox-bench");
         // Declares the exchange, as the publisher does on every connection.
         RabbitPublisher::connect(&options)
             .await
