@@ -3,7 +3,9 @@
 //! claims hold rows ([`Hold`]: leases written into the rows, or the claim's own open
 //! transaction, see [`held`]).
 
+mod explain;
 mod held;
+mod settle;
 pub(crate) mod sql;
 
 use std::collections::HashSet;
@@ -17,13 +19,11 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::time::{duration_ms, ms_since, ms_until};
+use crate::time::duration_ms;
 
 use held::{HeldClaims, Taken};
+use settle::SettleArrays;
 pub(crate) use sql::{Hold, Layout, Previous, SpoolSql};
-
-/// Longest error text kept in `last_error`, in characters.
-const MAX_ERROR_CHARS: usize = 2000;
 
 /// Step 1 of a claim examines at most this many pending rows by default...
 const MIN_WINDOW: usize = 1024;
@@ -419,239 +419,9 @@ impl SpoolTable {
         (claimed, dead)
     }
 
-    /// Runs the claim's statements under `EXPLAIN (ANALYZE, BUFFERS)` in a transaction
-    /// that is rolled back (a held claim's fast claim, then step 1 and step 2, each after
-    /// the one before, as if it had claimed too little); returns the plans.
-    pub(crate) async fn explain_claim(&self, limit: usize) -> Result<String> {
-        let rows = limit.max(1);
-        let limit = sql_limit(rows);
-        let window = self.window(rows);
-        let scan = MIN_KEY_SCAN.max(rows.saturating_mul(KEYS_PER_ROW));
-        let lease = 30_000_i64;
-        let cursor = self.lock_cursor().clone();
-        let mut plans = Vec::new();
-        let tx = match (self.hold, &self.sql.held) {
-            (Hold::Transaction, Some(held)) => {
-                let begin = held.begin(Previous::None, lease, lease);
-                let mut tx = self
-                    .pool
-                    .begin_with(AssertSqlSafe(begin))
-                    .await
-                    .map_err(store_error)?;
-                let window = window.div_ceil(WINDOW_STEP) * WINDOW_STEP;
-                let steps = [
-                    (
-                        format!("-- fast claim (held), limit {limit}"),
-                        sqlx::query(AssertSqlSafe(held.explain_first(limit))),
-                    ),
-                    (
-                        format!("-- step 1 (held): window of {window} pending rows, limit {limit}"),
-                        sqlx::query(AssertSqlSafe(held.explain_window(limit, sql_limit(window)))),
-                    ),
-                    (
-                        format!("-- step 2 (held): loose scan of {scan} keys, limit {limit}"),
-                        query(&held.explain_keys)
-                            .bind(limit)
-                            .bind(cursor)
-                            .bind(sql_limit(scan)),
-                    ),
-                ];
-                for (title, step) in steps {
-                    plans.push(format!("{title}\n{}", plan(step, &mut tx).await?));
-                }
-                tx
-            }
-            _ => {
-                let token = LeaseToken::new().to_string();
-                let mut tx = self.pool.begin().await.map_err(store_error)?;
-                self.scoped(query(&self.sql.lock).bind(lease.to_string()))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(store_error)?;
-                let steps = [
-                    (
-                        format!(
-                            "-- step 1 (leased): window of {window} pending rows, limit {limit}"
-                        ),
-                        self.scoped(
-                            query(&self.sql.explain_window)
-                                .bind(token.clone())
-                                .bind(limit)
-                                .bind(lease)
-                                .bind(sql_limit(window)),
-                        ),
-                    ),
-                    (
-                        format!("-- step 2 (leased): loose scan of {scan} keys, limit {limit}"),
-                        self.scoped(
-                            query(&self.sql.explain_keys)
-                                .bind(token)
-                                .bind(limit)
-                                .bind(lease)
-                                .bind(cursor)
-                                .bind(sql_limit(scan)),
-                        ),
-                    ),
-                ];
-                for (title, step) in steps {
-                    plans.push(format!("{title}\n{}", plan(step, &mut tx).await?));
-                }
-                tx
-            }
-        };
-        tx.rollback().await.map_err(store_error)?;
-        Ok(plans.join("\n\n") + "\n")
-    }
-
     fn lock_cursor(&self) -> std::sync::MutexGuard<'_, String> {
         self.cursor.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// Applies every settlement of claim `token` at once: a held claim's in its
-    /// transaction, which then commits; a leased claim's in one statement (atomic on its
-    /// own), each row filtered by `token`. With `delete_done`, done rows are deleted
-    /// instead of marked.
-    pub(crate) async fn settle(
-        &self,
-        token: LeaseToken,
-        settlements: &[Settlement],
-        delete_done: bool,
-    ) -> Result<()> {
-        match self.held.take(token) {
-            Taken::Held(held) => self.settle_held(held, settlements, delete_done).await,
-            Taken::Expired => Ok(()),
-            Taken::Unknown => {
-                if let Some(settle) = self.settle_query(token, settlements, delete_done) {
-                    settle.execute(&self.pool).await.map_err(store_error)?;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Extends the lease of claim `token`, which holds `rows`: a held claim's transaction
-    /// gets a statement (which restarts the server's idle timeout, its lease), a leased
-    /// claim's rows a later lease end.
-    pub(crate) async fn extend(
-        &self,
-        token: LeaseToken,
-        rows: &[i64],
-        lease: std::time::Duration,
-    ) -> Result<()> {
-        match self.held.take(token) {
-            Taken::Held(held) => self.extend_held(token, held, lease).await,
-            Taken::Expired => Err(oncebox_core::Error::LeaseLost),
-            Taken::Unknown => {
-                let extended = self
-                    .scoped(
-                        query(&self.sql.extend)
-                            .bind(token.to_string())
-                            .bind(rows.to_vec())
-                            .bind(duration_ms(lease).max(1)),
-                    )
-                    .execute(&self.pool)
-                    .await
-                    .map_err(store_error)?;
-                if extended.rows_affected() == 0 && !rows.is_empty() {
-                    return Err(oncebox_core::Error::LeaseLost);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// A leased claim's settle statement for `settlements`, or `None` if there are none.
-    fn settle_query(
-        &self,
-        token: LeaseToken,
-        settlements: &[Settlement],
-        delete_done: bool,
-    ) -> Option<PgQuery> {
-        let arrays = SettleArrays::new(settlements.iter())?;
-        let statement = if delete_done {
-            &self.sql.settle_delete
-        } else {
-            &self.sql.settle
-        };
-        Some(self.scoped(arrays.bind(query(statement).bind(token.to_string()))))
-    }
-
-    /// Deletes at most `limit` done rows settled before `before`.
-    pub(crate) async fn purge(&self, before: std::time::SystemTime, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let result = self
-            .scoped(
-                query(&self.sql.purge)
-                    .bind(ms_since(before))
-                    .bind(sql_limit(limit)),
-            )
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(result.rows_affected())
-    }
-}
-
-/// The settlements of a claim as the settle statements' arrays.
-struct SettleArrays {
-    seqs: Vec<i64>,
-    ops: Vec<i32>,
-    delays: Vec<i64>,
-    errors: Vec<String>,
-}
-
-impl SettleArrays {
-    /// The arrays of `settlements`, or `None` if there are none.
-    fn new<'a>(settlements: impl ExactSizeIterator<Item = &'a Settlement>) -> Option<Self> {
-        if settlements.len() == 0 {
-            return None;
-        }
-        let mut arrays = Self {
-            seqs: Vec::with_capacity(settlements.len()),
-            ops: Vec::with_capacity(settlements.len()),
-            delays: Vec::with_capacity(settlements.len()),
-            errors: Vec::with_capacity(settlements.len()),
-        };
-        for settlement in settlements {
-            let (op, delay, error) = match &settlement.outcome {
-                Settle::Done => (sql::OP_DONE, 0, String::new()),
-                Settle::Retry { at, error } => (sql::OP_RETRY, ms_until(*at), cap_error(error)),
-                Settle::Dead { reason } => (sql::OP_DEAD, 0, cap_error(reason)),
-                // `Release`, and any outcome added to the core later: end the lease and
-                // count nothing, the one settlement that can never lose a row.
-                _ => (sql::OP_RELEASE, 0, String::new()),
-            };
-            arrays.seqs.push(settlement.seq);
-            arrays.ops.push(op);
-            arrays.delays.push(delay);
-            arrays.errors.push(error);
-        }
-        Some(arrays)
-    }
-
-    /// Binds the arrays, in order, after the parameters `query` has.
-    fn bind(self, query: PgQuery) -> PgQuery {
-        query
-            .bind(self.seqs)
-            .bind(self.ops)
-            .bind(self.delays)
-            .bind(self.errors)
-    }
-}
-
-/// The plan an `EXPLAIN` statement returns, as text.
-async fn plan(explain: PgQuery, conn: &mut sqlx::PgConnection) -> Result<String> {
-    let lines: Vec<String> = explain
-        .fetch_all(conn)
-        .await
-        .map_err(store_error)?
-        .iter()
-        .map(|row| row.try_get::<String, _>(0))
-        .collect::<Result<_, _>>()
-        .map_err(store_error)?;
-    Ok(lines.join("\n"))
 }
 
 /// The bounds of the default window for a claim of `limit` rows.
@@ -677,26 +447,3 @@ fn claimed_rows(rows: Vec<PgRow>) -> Result<Vec<(i64, PgRow)>> {
 }
 
 pub(crate) use oncebox_core::sql::sql_limit;
-
-/// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary, without NUL bytes
-/// (which `text` cannot hold).
-pub(crate) fn cap_error(error: &str) -> String {
-    let clean: String = error.chars().filter(|c| *c != '\0').collect();
-    match clean.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => format!("{}…", &clean[..cut]),
-        None => clean,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_are_capped_on_char_boundaries() {
-        assert_eq!(cap_error("short"), "short");
-        assert_eq!(cap_error("nul\0byte"), "nulbyte");
-        let long = "é".repeat(MAX_ERROR_CHARS + 10);
-        assert_eq!(cap_error(&long).chars().count(), MAX_ERROR_CHARS + 1);
-    }
-}
