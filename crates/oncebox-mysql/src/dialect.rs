@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use oncebox_core::spool::{RowState, RowStatus};
+use oncebox_core::spool::RowStatus;
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Field, Query, RowReader};
@@ -14,8 +14,7 @@ use sqlx::{MySql, MySqlPool, QueryBuilder};
 use crate::RowDecodeError;
 use crate::error::check_bytes;
 use crate::inbox::{MAX_CONSUMER_BYTES, MAX_ID_BYTES};
-use crate::outbox::admin::decode_state;
-use crate::outbox::listing::status_literal;
+use crate::spool::sql::{DEAD, DONE, PENDING};
 use crate::sql::delete_read_committed;
 
 /// MySQL's statements and encodings for the stores of `oncebox-sql`.
@@ -49,7 +48,13 @@ impl Dialect for MySqlDialect {
     }
 
     fn status_sql(status: RowStatus) -> impl fmt::Display {
-        status_literal(status)
+        match status {
+            RowStatus::Pending => PENDING.to_string(),
+            RowStatus::Done => DONE.to_string(),
+            RowStatus::Dead => DEAD.to_string(),
+            // A status this version does not store: no row has it.
+            _ => "NULL".to_owned(),
+        }
     }
 
     fn text(
@@ -63,8 +68,18 @@ impl Dialect for MySqlDialect {
         Ok(row.uuid("message_id")?.map(MessageId::from_uuid))
     }
 
-    fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {
-        decode_state(row)
+    fn status(row: &RowReader<'_, Self>) -> Result<RowStatus, RowDecodeError> {
+        match row.get::<i8>("status")? {
+            PENDING => Ok(RowStatus::Pending),
+            DONE => Ok(RowStatus::Done),
+            DEAD => Ok(RowStatus::Dead),
+            other => Err(row.error("status", format!("unknown status {other}"))),
+        }
+    }
+
+    /// 0 is "never" in the settlement and lease columns, which hold no `NULL`.
+    fn optional_time(stored: Option<i64>) -> Option<SystemTime> {
+        stored.filter(|&ms| ms != 0).map(from_unix_millis)
     }
 
     fn rows_affected(result: &MySqlQueryResult) -> u64 {

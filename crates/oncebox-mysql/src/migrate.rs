@@ -1,7 +1,6 @@
 //! The embedded schema and its migrator.
 
-use sqlx::SqlSafeStr;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 
 /// The table in which [`migrator`] records applied migrations, in the connection's
 /// database, apart from the application's own `_sqlx_migrations`.
@@ -50,25 +49,15 @@ pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.
 /// # Ok(()) }
 /// ```
 pub fn migrator() -> Migrator {
-    let migrations = [
+    let versions = [
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox claims", SCHEMA_V2),
         (3, "oncebox inbox by consumer", SCHEMA_V3),
         (4, "oncebox duplicates", SCHEMA_V4),
         (5, "oncebox outbox by creation", SCHEMA_V5),
-    ]
-    .into_iter()
-    .map(|(version, name, sql)| {
-        Migration::new(
-            version,
-            name.into(),
-            MigrationType::Simple,
-            sql.into_sql_str(),
-            false,
-        )
-    })
-    .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    ];
+    oncebox_sql::migrator(
+        MIGRATIONS_TABLE.to_owned(),
+        versions.map(|(version, name, sql)| (version, name, sql.to_owned())),
+    )
 }

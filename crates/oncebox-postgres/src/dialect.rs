@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use oncebox_core::spool::{RowState, RowStatus};
+use oncebox_core::spool::RowStatus;
 use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Query, RowReader};
 use sqlx::postgres::PgQueryResult;
@@ -14,9 +14,8 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use crate::RowDecodeError;
 use crate::dedup::DedupSql;
 use crate::inbox::InboxSql;
-use crate::outbox::admin::decode_state;
-use crate::outbox::listing::{push_time, status_literal};
 use crate::time::from_micros;
+use crate::time::to_micros;
 
 /// PostgreSQL's statements and encodings for the stores of `oncebox-sql`, built once
 /// per schema by [`PgStore`](crate::PgStore). Cheap to clone.
@@ -47,12 +46,22 @@ impl Dialect for PgDialect {
         from_micros(stored)
     }
 
+    /// A `timestamptz` made of a bound count of microseconds (exact).
     fn push_time(query: &mut QueryBuilder<Postgres>, time: SystemTime) {
-        push_time(query, time);
+        query
+            .push("(timestamptz 'epoch' + ")
+            .push_bind(to_micros(time))
+            .push("::bigint * interval '1 microsecond')");
     }
 
     fn status_sql(status: RowStatus) -> impl fmt::Display {
-        status_literal(status)
+        match status {
+            RowStatus::Pending => "'pending'",
+            RowStatus::Done => "'done'",
+            RowStatus::Dead => "'dead'",
+            // A status this version does not store: no row has it.
+            _ => "NULL",
+        }
     }
 
     fn text(
@@ -69,8 +78,13 @@ impl Dialect for PgDialect {
             .map_err(|e| row.error("message_id", e))
     }
 
-    fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {
-        decode_state(row)
+    fn status(row: &RowReader<'_, Self>) -> Result<RowStatus, RowDecodeError> {
+        match row.get::<String>("status")?.as_str() {
+            "pending" => Ok(RowStatus::Pending),
+            "done" => Ok(RowStatus::Done),
+            "dead" => Ok(RowStatus::Dead),
+            other => Err(row.error("status", format!("unknown status {other:?}"))),
+        }
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {

@@ -1,8 +1,7 @@
 //! The embedded schema and its migrator.
 
 use oncebox_core::Result;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{AssertSqlSafe, SqlSafeStr};
+use sqlx::migrate::Migrator;
 
 use crate::ident::{self, qualified, quote};
 
@@ -94,7 +93,7 @@ pub fn schema_sql(schema: &str) -> Result<String> {
 pub fn migrator(schema: &str) -> Result<Migrator> {
     ident::validate("schema", schema)?;
     let quoted = quote(schema);
-    let migrations = [
+    let versions = [
         (1, "oncebox init", SCHEMA_V1),
         (2, "oncebox inbox by consumer", SCHEMA_V2),
         (3, "oncebox emit", SCHEMA_V3),
@@ -102,20 +101,12 @@ pub fn migrator(schema: &str) -> Result<Migrator> {
         (5, "oncebox outbox by creation", SCHEMA_V5),
         (6, "oncebox cdc dead letters", SCHEMA_V6),
         (7, "oncebox cdc slots", SCHEMA_V7),
-    ]
-    .into_iter()
-    .map(|(version, name, sql)| {
-        Migration::new(
-            version,
-            name.into(),
-            MigrationType::Simple,
-            AssertSqlSafe(sql.replace(SCHEMA_PLACEHOLDER, &quoted)).into_sql_str(),
-            false,
-        )
-    })
-    .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.create_schema(quote(schema));
-    migrator.dangerous_set_table_name(qualified(schema, MIGRATIONS_TABLE));
+    ];
+    let mut migrator = oncebox_sql::migrator(
+        qualified(schema, MIGRATIONS_TABLE),
+        versions
+            .map(|(version, name, sql)| (version, name, sql.replace(SCHEMA_PLACEHOLDER, &quoted))),
+    );
+    migrator.create_schema(quoted);
     Ok(migrator)
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use oncebox_core::spool::RowFilter;
+use oncebox_core::spool::{OutboxAdmin, RowFilter};
 use oncebox_core::{Error, Message};
 use oncebox_postgres::{DebeziumLayout, PgOutbox};
 use oncebox_testkit::outbox::{check_listing, check_published_per_minute, fill_listed};

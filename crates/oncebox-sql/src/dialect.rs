@@ -7,8 +7,9 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use oncebox_core::spool::{RowState, RowStatus};
+use oncebox_core::sql::CountColumn;
 use oncebox_core::{Error, MessageId, Result, RowDecodeError};
-use sqlx::{Database, Encode, Pool, QueryBuilder, Transaction, Type};
+use sqlx::{Database, Decode, Encode, Pool, QueryBuilder, Transaction, Type};
 
 /// A statement of a dialect with its values bound, ready to run.
 pub type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
@@ -98,14 +99,19 @@ pub trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// The column is missing or holds no UUID.
     fn message_id(row: &RowReader<'_, Self>) -> Result<Option<MessageId>, RowDecodeError>;
 
-    /// The state of a spool row (outbox or durable inbox): its `seq`, `status`,
-    /// `attempts`, `last_error`, `available_at`, `lease_until`, `done_at` and `dead_at`
-    /// columns.
+    /// The `status` column of a spool row (outbox or durable inbox): the inverse of
+    /// [`status_sql`](Self::status_sql).
     ///
     /// # Errors
     ///
-    /// A column is missing or holds a value oncebox does not write.
-    fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError>;
+    /// The column is missing or holds a status oncebox does not write.
+    fn status(row: &RowReader<'_, Self>) -> Result<RowStatus, RowDecodeError>;
+
+    /// A time column that may hold "never" (a lease, a settlement): `None` where it
+    /// does (the default: `NULL`).
+    fn optional_time(stored: Option<i64>) -> Option<SystemTime> {
+        stored.map(Self::time)
+    }
 
     /// How many rows a statement changed (or, where the connection reports rows
     /// matched, matched).
@@ -160,4 +166,28 @@ where
     &'static str: sqlx::ColumnIndex<<D::Db as Database>::Row>,
 {
     D::text(row, column)?.ok_or_else(|| row.error(column, "NULL in a NOT NULL column"))
+}
+
+/// The state of a spool row (outbox or durable inbox): its `seq`, `status`, `attempts`,
+/// `last_error`, `available_at`, `lease_until`, `done_at` and `dead_at` columns.
+pub(crate) fn row_state<D, DB>(row: &RowReader<'_, D>) -> Result<RowState, RowDecodeError>
+where
+    D: Dialect<Db = DB>,
+    DB: Database + CountColumn,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+{
+    let optional = |column| -> Result<Option<SystemTime>, RowDecodeError> {
+        Ok(D::optional_time(row.get(column)?))
+    };
+    Ok(RowState {
+        seq: row.get("seq")?,
+        status: D::status(row)?,
+        attempts: row.count("attempts")?,
+        last_error: row.get("last_error")?,
+        available_at: D::time(row.get("available_at")?),
+        leased_until: optional("lease_until")?,
+        settled_at: optional("done_at")?.or(optional("dead_at")?),
+    })
 }

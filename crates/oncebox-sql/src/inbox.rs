@@ -13,7 +13,7 @@ use sqlx::{
     Transaction, Type,
 };
 
-use crate::dialect::{Dialect, Field, Query, RowReader, inserted, required_text};
+use crate::dialect::{Dialect, Field, Query, RowReader, inserted, required_text, row_state};
 use crate::durable::decode_received;
 
 /// The statements of the transactional inbox and of the inbox admin on one database.
@@ -59,7 +59,7 @@ pub trait InboxDialect: Dialect {
 
     /// `SELECT <a durable inbox row> FROM <the durable inbox> AS d`, up to its `WHERE`,
     /// for the listing to add its conditions to: the columns
-    /// [`row_state`](Dialect::row_state) and [`decode_received`] read, and `consumer`,
+    /// [`Dialect::status`] and the other state columns and [`decode_received`] read, and `consumer`,
     /// `dedup_id`, `received_at` and `result`.
     fn durable_rows(&self) -> &str;
 
@@ -304,7 +304,7 @@ where
             Ok(InboxRow {
                 consumer: required_text::<D>(&reader, "consumer")?,
                 dedup_id: required_text::<D>(&reader, "dedup_id")?,
-                state: D::row_state(&reader)?,
+                state: row_state::<D, DB>(&reader)?,
                 received_at: D::time(reader.get("received_at")?),
                 result: reader.get::<Option<Vec<u8>>>("result")?.map(Bytes::from),
                 received: decode_received::<D, DB>(&reader)?,

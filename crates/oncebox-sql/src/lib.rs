@@ -24,8 +24,12 @@ mod dedup;
 mod dialect;
 mod durable;
 mod inbox;
+mod migrate;
+mod outbox;
 
 pub use dedup::{DedupDialect, SqlDedupStore};
 pub use dialect::{Dialect, Field, Query, RowReader};
 pub use durable::decode_received;
 pub use inbox::{InboxDialect, SqlInbox, count_duplicate};
+pub use migrate::migrator;
+pub use outbox::{OutboxColumns, OutboxStatements, SqlOutboxAdmin};

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use oncebox_core::spool::{RowState, RowStatus};
+use oncebox_core::spool::RowStatus;
 use oncebox_core::time::{from_unix_millis, to_unix_millis};
 use oncebox_core::{MessageId, Result};
 use oncebox_sql::{Dialect, Query, RowReader};
@@ -14,8 +14,6 @@ use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
 use crate::RowDecodeError;
 use crate::error::store_error;
-use crate::outbox::admin::decode_state;
-use crate::outbox::listing::status_literal;
 
 /// SQLite's statements and encodings for the stores of `oncebox-sql`.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +48,13 @@ impl Dialect for SqliteDialect {
     }
 
     fn status_sql(status: RowStatus) -> impl fmt::Display {
-        status_literal(status)
+        match status {
+            RowStatus::Pending => "'pending'",
+            RowStatus::Done => "'done'",
+            RowStatus::Dead => "'dead'",
+            // A status this version does not store: no row has it.
+            _ => "NULL",
+        }
     }
 
     fn text(
@@ -67,8 +71,13 @@ impl Dialect for SqliteDialect {
             .map_err(|e| row.error("message_id", e))
     }
 
-    fn row_state(row: &RowReader<'_, Self>) -> Result<RowState, RowDecodeError> {
-        decode_state(row)
+    fn status(row: &RowReader<'_, Self>) -> Result<RowStatus, RowDecodeError> {
+        match row.get::<String>("status")?.as_str() {
+            "pending" => Ok(RowStatus::Pending),
+            "done" => Ok(RowStatus::Done),
+            "dead" => Ok(RowStatus::Dead),
+            other => Err(row.error("status", format!("unknown status {other:?}"))),
+        }
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {

@@ -1,7 +1,6 @@
 //! The embedded schema and its migrator.
 
-use sqlx::SqlSafeStr;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 
 /// The table in which [`migrator`] records applied migrations, apart from the
 /// application's own `_sqlx_migrations`.
@@ -40,23 +39,15 @@ pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.
 /// # Ok(()) }
 /// ```
 pub fn migrator() -> Migrator {
-    let migration = |version, description: &'static str, sql: &'static str| {
-        Migration::new(
-            version,
-            description.into(),
-            MigrationType::Simple,
-            sql.into_sql_str(),
-            false,
-        )
-    };
-    let migrations = vec![
-        migration(1, "oncebox init", SCHEMA_V1),
-        migration(2, "oncebox claims", SCHEMA_V2),
-        migration(3, "oncebox inbox by consumer", SCHEMA_V3),
-        migration(4, "oncebox duplicates", SCHEMA_V4),
-        migration(5, "oncebox outbox by creation", SCHEMA_V5),
+    let versions = [
+        (1, "oncebox init", SCHEMA_V1),
+        (2, "oncebox claims", SCHEMA_V2),
+        (3, "oncebox inbox by consumer", SCHEMA_V3),
+        (4, "oncebox duplicates", SCHEMA_V4),
+        (5, "oncebox outbox by creation", SCHEMA_V5),
     ];
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    oncebox_sql::migrator(
+        MIGRATIONS_TABLE.to_owned(),
+        versions.map(|(version, name, sql)| (version, name, sql.to_owned())),
+    )
 }

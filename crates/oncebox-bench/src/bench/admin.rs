@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use clap::Args;
 use oncebox::MessageId;
 use oncebox::postgres::PgOutbox;
-use oncebox::spool::{RowFilter, RowStatus};
+use oncebox::spool::{OutboxAdmin, RowFilter, RowStatus};
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 

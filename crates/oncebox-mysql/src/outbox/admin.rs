@@ -1,40 +1,41 @@
-//! What operators ask of the outbox: counts, dead letters, replay, one row's state.
+//! What operators ask of the outbox: figures, one row's state, dead letters and their
+//! replay, the listing the dashboard pages through. The statements are MySQL's; what
+//! runs them is `oncebox-sql`'s, once for every database.
 
 use std::sync::LazyLock;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use oncebox_core::time::from_unix_millis;
-use oncebox_core::{Error, Message, MessageId, Result};
-use sqlx::Row;
+use oncebox_core::spool::{MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
+use oncebox_core::{Message, MessageId, Result};
+use oncebox_sql::{OutboxColumns, OutboxStatements, Query, RowReader, SqlOutboxAdmin};
+use sqlx::{MySql, QueryBuilder, Row};
+
+pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
 use super::{MySqlOutbox, TABLE};
-use crate::error::{RowDecodeError, RowReader, store_error};
+use crate::MySqlDialect;
+use crate::error::{RowDecodeError, store_error};
 use crate::spool::SpoolRow;
+use crate::spool::explain::format_plan;
 use crate::spool::sql::{DEAD, DONE, PENDING};
-use crate::sql::{NOW_MS, begin_read_committed, query, sql_limit, uuid_bytes};
-
-use oncebox_core::spool::{Backlog, MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
-pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
+use crate::sql::{NOW_MS, begin_read_committed, ms_since, query, uuid_bytes};
 
 pub(super) struct AdminSql {
     stats: String,
     backlog: String,
-    /// `?` after, `?` limit.
-    dead_letters: String,
     /// `?` id.
     purge_dead: String,
-    /// `?` id: [`status`](Self::status) with the message.
-    row: String,
-    /// The listing, up to its `WHERE`: the columns of `row`, from `oncebox_outbox AS t`.
-    pub(super) listing: String,
+    /// The listing, up to its `WHERE`: a row's state and its message, from
+    /// `oncebox_outbox AS t`.
+    listing: OutboxColumns,
+    /// `?` age ms.
+    published_per_minute: String,
     /// `?` id → `seq`, `key` of the dead row, locked.
     find_dead: String,
     /// `?` key → the latest live lease of the key's pending rows.
     key_lease: String,
     /// `?` seq.
     replay: String,
-    /// `?` id.
-    status: String,
 }
 
 /// The columns of a row and its message, from `oncebox_outbox AS t`.
@@ -53,7 +54,7 @@ FROM {TABLE} AS t"
 
 /// The columns of the figures of rows waiting: `waiting` (every pending row), `scheduled`
 /// (pending, never attempted, due later: a scheduled message), `dead`, and
-/// `oldest_pending_ms`, how long the first pending row in commit order that is not
+/// `oldest_pending`, how long the first pending row in commit order that is not
 /// scheduled ahead has waited: since it became due if it was scheduled, else since its
 /// creation. Counting the scheduled rows reads each pending row.
 fn waiting() -> String {
@@ -64,7 +65,7 @@ fn waiting() -> String {
   (SELECT COUNT(*) FROM {TABLE} WHERE status = {DEAD}) AS dead,
   (SELECT {NOW_MS} - IF(attempts = 0, GREATEST(created_at, available_at), created_at)
    FROM {TABLE} WHERE status = {PENDING} AND NOT ({scheduled}) ORDER BY seq LIMIT 1)
-    AS oldest_pending_ms"
+    AS oldest_pending"
     )
 }
 
@@ -76,14 +77,14 @@ pub(super) static SQL: LazyLock<AdminSql> = LazyLock::new(|| AdminSql {
         waiting()
     ),
     backlog: format!("SELECT {}", waiting()),
-    dead_letters: format!(
-        "SELECT t.seq, t.attempts, t.id, t.topic, t.`key`, t.kind, t.headers, t.payload,
-       t.created_at, t.last_error, t.dead_at
-FROM {TABLE} AS t WHERE t.status = {DEAD} AND t.seq > ? ORDER BY t.seq LIMIT ?"
-    ),
     purge_dead: format!("DELETE FROM {TABLE} WHERE id = ? AND status = {DEAD}"),
-    row: format!("{} WHERE t.id = ?", listed_row()),
-    listing: listed_row(),
+    listing: OutboxColumns::named(TABLE, listed_row(), "`key`", "t.created_at"),
+    published_per_minute: format!(
+        "SELECT done_at DIV 60000 AS minute, COUNT(*) AS published
+FROM {TABLE}
+WHERE status = {DONE} AND done_at >= {NOW_MS} - ?
+GROUP BY done_at DIV 60000 ORDER BY minute"
+    ),
     find_dead: format!(
         "SELECT seq, `key` FROM {TABLE} WHERE id = ? AND status = {DEAD} FOR UPDATE"
     ),
@@ -100,18 +101,63 @@ WHERE c.spool = '{TABLE}' AND c.lease_until > {NOW_MS}
 SET status = {PENDING}, attempts = 0, available_at = {NOW_MS}, dead_at = 0
 WHERE seq = ? AND status = {DEAD}"
     ),
-    status: format!(
-        "SELECT t.seq, t.status, t.attempts, t.last_error, t.available_at, t.done_at, t.dead_at,
-  COALESCE((
-    SELECT MAX(c.lease_until)
-    FROM oncebox_claims AS c
-      CROSS JOIN JSON_TABLE(c.seqs, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j
-    WHERE c.spool = '{TABLE}' AND j.seq = t.seq), 0) AS lease_until
-FROM {TABLE} AS t WHERE t.id = ?"
-    ),
 });
 
+// The statements are built once, in `SQL`, the one value of this type.
+impl OutboxStatements for AdminSql {
+    type Dialect = MySqlDialect;
+
+    fn columns(&self) -> &OutboxColumns {
+        &self.listing
+    }
+
+    fn display(&self) -> &str {
+        TABLE
+    }
+
+    fn message(row: &RowReader<'_, MySqlDialect>) -> Result<Message, RowDecodeError> {
+        Message::decode(row)
+    }
+
+    fn push_id(query: &mut QueryBuilder<MySql>, id: MessageId) {
+        query.push_bind(uuid_bytes(id.as_uuid()));
+    }
+
+    fn counts(&self, with_done: bool, _now: SystemTime) -> Query<MySql> {
+        query(if with_done { &SQL.stats } else { &SQL.backlog })
+    }
+
+    fn published_per_minute(&self, since: SystemTime) -> Query<MySql> {
+        query(&SQL.published_per_minute).bind(ms_since(since))
+    }
+
+    fn purge_dead(&self, id: MessageId) -> Query<MySql> {
+        query(&SQL.purge_dead).bind(uuid_bytes(id.as_uuid()))
+    }
+
+    /// Left to itself, MariaDB reads the rows of a status by the index's first column
+    /// only, and walks every row of the status after `before` to reach it; and it reads
+    /// a creation-time window in commit order.
+    fn index_hint(&self, filter: &RowFilter) -> &'static str {
+        if filter.id.is_some() {
+            ""
+        } else if filter.created_from.is_some() || filter.created_until.is_some() {
+            " FORCE INDEX (oncebox_outbox_created)"
+        } else if filter.status.is_none() {
+            ""
+        } else if filter.key.is_some() {
+            " FORCE INDEX (oncebox_outbox_pending_key)"
+        } else {
+            " FORCE INDEX (oncebox_outbox_pending)"
+        }
+    }
+}
+
 impl MySqlOutbox {
+    pub(super) fn admin(&self) -> SqlOutboxAdmin<'_, AdminSql> {
+        SqlOutboxAdmin::new(self.pool(), &SQL)
+    }
+
     /// Counts rows by status and measures the oldest pending age, in one statement. Each
     /// count walks the `(status, seq)` index over its status, so on tables with millions
     /// of done rows call it at the pace of a dashboard, not per message.
@@ -124,7 +170,7 @@ impl MySqlOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        self.counts(&SQL.stats, true).await
+        self.admin().stats().await
     }
 
     /// The first `limit` dead letters, in commit order.
@@ -140,27 +186,7 @@ impl MySqlOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_after(None, limit).await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>> {
-        let rows = query(&SQL.dead_letters)
-            .bind(after.unwrap_or(i64::MIN))
-            .bind(sql_limit(limit))
-            .fetch_all(self.pool())
-            .await
-            .map_err(store_error)?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get("seq").map_err(store_error)?;
-                let reader = RowReader::new(row, TABLE, format_args!("seq {seq}"));
-                decode_dead_letter(seq, &reader).map_err(Error::from)
-            })
-            .collect()
+        self.admin().dead_letters(None, limit).await
     }
 
     /// Puts the dead message `id` back in line: pending, due now, attempts reset to 0
@@ -232,88 +258,74 @@ impl MySqlOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn status(&self, id: MessageId) -> Result<Option<RowState>> {
-        let row = query(&SQL.status)
-            .bind(uuid_bytes(id.as_uuid()))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(store_error)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
-        Ok(Some(decode_state(&reader)?))
-    }
-}
-
-impl MySqlOutbox {
-    /// The backlog: [`stats`](Self::stats) without the count of published rows, which
-    /// grows with retention.
-    pub(super) async fn read_backlog(&self) -> Result<Backlog> {
-        self.counts(&SQL.backlog, false).await.map(Backlog::from)
+        self.admin().state(id).await
     }
 
-    /// Reads the counts of `sql`'s one row: `waiting` (pending rows, scheduled ones
-    /// included), `scheduled`, `dead`, `done` if `with_done`,
-    /// and the oldest pending row's age in `oldest_pending_ms`.
-    async fn counts(&self, sql: &'static str, with_done: bool) -> Result<OutboxStats> {
-        let row = query(sql)
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        let count = |column: &str| -> Result<u64> {
-            let n: i64 = row.try_get(column).map_err(store_error)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        let oldest: Option<i64> = row.try_get("oldest_pending_ms").map_err(store_error)?;
-        let scheduled = count("scheduled")?;
-        Ok(OutboxStats {
-            pending: count("waiting")?.saturating_sub(scheduled),
-            scheduled,
-            done: if with_done { count("done")? } else { 0 },
-            dead: count("dead")?,
-            oldest_pending_age: oldest
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-        })
+    /// The plan of [`rows`](OutboxAdmin::rows) for the same arguments (`EXPLAIN`; nothing
+    /// runs), as a tab-separated table. For operators asking why a listing is slow.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn explain_rows(
+        &self,
+        filter: &RowFilter,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<String> {
+        let plan = self
+            .admin()
+            .explain_rows("EXPLAIN ", filter, before, limit)
+            .await?;
+        Ok(plan.map_or_else(
+            || "the row at `before` is gone: nothing is read".to_owned(),
+            |rows| format_plan(&rows),
+        ))
     }
 }
 
 impl OutboxAdmin for MySqlOutbox {
     async fn stats(&self) -> Result<OutboxStats> {
-        MySqlOutbox::stats(self).await
+        self.admin().stats().await
     }
 
     async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
-        let row = query(&SQL.row)
-            .bind(uuid_bytes(id.as_uuid()))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(store_error)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let reader = RowReader::new(&row, TABLE, format_args!("id {id}"));
-        Ok(Some(OutboxRow {
-            state: decode_state(&reader)?,
-            message: Message::decode(&reader)?,
-        }))
+        self.admin().row(id).await
     }
 
     async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_after(after, limit).await
+        self.admin().dead_letters(after, limit).await
     }
 
-    /// See [`MySqlOutbox::rows`] for the indexes each filter reads.
+    /// One statement, which reads an index in descending commit order from `before` on,
+    /// so a page costs the same at any depth: with no status, the primary key; with a
+    /// status, the `(status, seq)` index (for done rows too); with a status and a key,
+    /// the `(status, key, seq)` index; with an id, the unique index of ids; with a
+    /// creation-time window, the `(created_at, seq)` index, in descending creation time.
+    /// Topic and key (without a status) have no index of their own: rows are filtered
+    /// one by one until `limit` match, which reads every row older than `before` where
+    /// matches are rare or none are left.
+    ///
     async fn rows(
         &self,
         filter: &RowFilter,
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        MySqlOutbox::rows(self, filter, before, limit).await
+        self.admin().rows(filter, before, limit).await
     }
 
+    /// Messages published per minute since `since`, by the database's clock, oldest
+    /// minute first.
+    /// Reads the `(status, done_at)` index (the retention's) over the rows published
+    /// since `since` only.
+    ///
     async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
-        MySqlOutbox::published_per_minute(self, since).await
+        self.admin().published_per_minute(since).await
     }
 
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
@@ -321,48 +333,6 @@ impl OutboxAdmin for MySqlOutbox {
     }
 
     async fn purge_dead(&self, id: MessageId) -> Result<bool> {
-        let result = query(&SQL.purge_dead)
-            .bind(uuid_bytes(id.as_uuid()))
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(result.rows_affected() > 0)
+        self.admin().purge_dead(id).await
     }
-}
-
-fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDecodeError> {
-    let message = Message::decode(row)?;
-    let dead_at: i64 = row.get("dead_at")?;
-    Ok(DeadLetter {
-        seq,
-        id: message.id,
-        message,
-        attempts: row.count("attempts")?,
-        reason: row.get::<Option<String>>("last_error")?.unwrap_or_default(),
-        dead_at: from_unix_millis(dead_at),
-    })
-}
-
-pub(crate) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
-    let status: i8 = row.get("status")?;
-    let status = match status {
-        PENDING => RowStatus::Pending,
-        DONE => RowStatus::Done,
-        DEAD => RowStatus::Dead,
-        other => return Err(row.error("status", format!("unknown status {other}"))),
-    };
-    // 0 is "never" in the settlement and lease columns.
-    let time = |column: &'static str| -> Result<Option<SystemTime>, RowDecodeError> {
-        let ms: i64 = row.get(column)?;
-        Ok((ms != 0).then(|| from_unix_millis(ms)))
-    };
-    Ok(RowState {
-        seq: row.get("seq")?,
-        status,
-        attempts: row.count("attempts")?,
-        last_error: row.get("last_error")?,
-        available_at: from_unix_millis(row.get("available_at")?),
-        leased_until: time("lease_until")?,
-        settled_at: time("done_at")?.or(time("dead_at")?),
-    })
 }

@@ -2,7 +2,6 @@
 
 pub(crate) mod admin;
 mod batch;
-pub(crate) mod listing;
 mod schedule;
 
 use std::sync::{Arc, LazyLock};
@@ -326,7 +325,7 @@ impl SpoolStore for MySqlOutbox {
     }
 
     async fn backlog(&self) -> Result<Option<Backlog>> {
-        Ok(Some(self.read_backlog().await?))
+        Ok(Some(self.admin().backlog().await?))
     }
 }
 

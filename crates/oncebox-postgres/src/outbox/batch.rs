@@ -228,7 +228,7 @@ impl PgOutbox {
     /// its topic column.
     fn batch_topic(&self, message: &Message) -> Result<String> {
         message.validate(&self.limits)?;
-        let topic = self.topic_column(&message.topic)?;
+        let topic = self.sql().aggregate_type(&message.topic)?;
         if self.sql.json_payload {
             serde_json::from_slice::<serde::de::IgnoredAny>(&message.payload)
                 .map_err(InvalidMessage::Json)?;

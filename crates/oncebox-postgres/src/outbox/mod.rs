@@ -3,7 +3,6 @@
 pub(crate) mod admin;
 mod batch;
 pub(crate) mod debezium;
-pub(crate) mod listing;
 mod schedule;
 pub(crate) mod sql;
 
@@ -153,10 +152,6 @@ impl PgOutbox {
         &self.sql
     }
 
-    pub(crate) fn spool(&self) -> &SpoolTable {
-        &self.table
-    }
-
     /// Writes `message` into the outbox on `conn`, which is normally the caller's open
     /// transaction (`&mut *tx`): the message is published if and only if that
     /// transaction commits. Never opens a transaction of its own.
@@ -201,7 +196,7 @@ impl PgOutbox {
     /// roll it back.
     pub async fn enqueue(&self, conn: &mut PgConnection, message: &Message) -> Result<()> {
         message.validate(&self.limits)?;
-        let topic = self.topic_column(&message.topic)?;
+        let topic = self.sql.aggregate_type(&message.topic)?;
         if self.sql.json_payload {
             serde_json::from_slice::<serde::de::IgnoredAny>(&message.payload)
                 .map_err(InvalidMessage::Json)?;
@@ -233,21 +228,6 @@ impl PgOutbox {
             trace::record_error(&span, error);
         }
         enqueued
-    }
-
-    /// The value of the topic column: the topic, or for a Debezium-style table the
-    /// aggregate type (the topic without the configured prefix).
-    fn topic_column(&self, topic: &str) -> Result<String> {
-        match &self.sql.topic_prefix {
-            None => Ok(topic.to_owned()),
-            Some(prefix) => match topic.strip_prefix(prefix.as_str()) {
-                Some(aggregate) if !aggregate.is_empty() => Ok(aggregate.to_owned()),
-                _ => Err(Error::InvalidOptions(format!(
-                    "topic {topic:?} does not start with this outbox's topic prefix {prefix:?} \
-                     followed by an aggregate type"
-                ))),
-            },
-        }
     }
 
     /// Explains the claim on this table's data: runs both of its statements (see the
@@ -358,7 +338,7 @@ impl SpoolStore for PgOutbox {
     }
 
     async fn backlog(&self) -> Result<Option<Backlog>> {
-        Ok(Some(self.read_backlog().await?))
+        Ok(Some(self.admin().backlog().await?))
     }
 }
 

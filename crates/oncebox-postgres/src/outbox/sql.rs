@@ -2,6 +2,9 @@
 
 use std::sync::Arc;
 
+use oncebox_core::{Error, Result};
+use oncebox_sql::OutboxColumns;
+
 use crate::ident::{
     CLAIM_CLASS, HOLD_CLASS, KEY_CLASS, derived, literal, qualified, quote, table_oid,
 };
@@ -35,8 +38,6 @@ pub(crate) struct OutboxSql {
     pub(crate) stats: Arc<str>,
     /// `stats` without the count of done rows.
     pub(crate) backlog: Arc<str>,
-    /// `$1` limit, `$2` after (a `seq`).
-    pub(crate) dead_letters: Arc<str>,
     /// `$1` id.
     pub(crate) purge_dead: Arc<str>,
     /// `$1` id, `$2` due at (µs) or NULL, `$3` delay (µs) from now: sets a pending row's
@@ -44,12 +45,9 @@ pub(crate) struct OutboxSql {
     pub(crate) schedule: Arc<str>,
     /// `$1` id: deletes the row if it is pending and no live lease holds it.
     pub(crate) cancel: Arc<str>,
-    /// `$1` id.
-    pub(crate) status: Arc<str>,
-    /// `$1` id: `status` with the message.
-    pub(crate) row: Arc<str>,
-    /// The parts of the listing statement, which takes the conditions of its filter.
-    pub(crate) listing: ListingSql,
+    /// The listing's `SELECT` (a row's state and its message) and the expressions its
+    /// filters compare, over alias `t`.
+    pub(crate) listing: OutboxColumns,
     /// `$1` age ms → `minute` (minutes since the Unix epoch) and `published`, per minute
     /// of `done_at` since the database's now less the age, oldest first, from the minute
     /// of the first row published since then (none if there is none).
@@ -75,24 +73,6 @@ pub(crate) struct CdcReplaySql {
     /// (`emit_message`: its id, its creation time), or, for content the relay could not
     /// read (kept under an empty topic), that content as it is: a row per emission.
     pub(crate) messages: Arc<str>,
-}
-
-/// The listing of rows ([`OutboxAdmin::rows`](oncebox_core::spool::OutboxAdmin::rows)),
-/// newest first: its `SELECT` and the expressions its filters compare, over alias `t`.
-/// Only the conditions of the criteria that are set are added, each with a bound value,
-/// and the status as a literal, so that the planner sees which partial index a status
-/// selects whatever plan it caches.
-pub(crate) struct ListingSql {
-    /// `SELECT … FROM table AS t`: the columns of `row`.
-    pub(crate) select: String,
-    pub(crate) seq: String,
-    pub(crate) status: String,
-    /// The column holding the topic (for a Debezium-style table, the aggregate type: the
-    /// topic without the prefix).
-    pub(crate) topic: String,
-    pub(crate) key: String,
-    /// The creation time.
-    pub(crate) created: String,
 }
 
 /// The names of oncebox's own outbox table in `schema`.
@@ -311,7 +291,7 @@ fn notify_from(channel: Option<&str>) -> String {
 
 /// The columns of the figures of rows waiting, over `layout`'s table: `waiting` (every
 /// pending row), `scheduled` (pending, never attempted, due later: a scheduled message),
-/// `dead`, and `oldest_pending_us`, how long the first pending row in commit order that
+/// `dead`, and `oldest_pending`, how long the first pending row in commit order that
 /// is not scheduled ahead has waited: for a row never attempted, since the later of
 /// `created` (over alias `t`) and the time it became due, else since `created`. Counting
 /// the scheduled rows reads each pending row.
@@ -330,7 +310,7 @@ fn waiting(layout: &Layout, created: &str) -> String {
              - CASE WHEN t.{attempts} = 0 THEN greatest({created}, t.{available_at})
                     ELSE {created} END) * 1000000)::bigint
    FROM {t} AS t WHERE t.{status} = 'pending' AND NOT ({scheduled})
-   ORDER BY t.{seq} LIMIT 1) AS oldest_pending_us",
+   ORDER BY t.{seq} LIMIT 1) AS oldest_pending",
         t = layout.table,
         status = c.status,
         attempts = c.attempts,
@@ -406,34 +386,6 @@ WHERE id = $1::uuid AND {status} = 'pending'
             lease_until = c.lease_until,
         )
         .into(),
-        dead_letters: format!(
-            "SELECT t.{seq} AS seq, t.{attempts} AS attempts, {item},
-       t.{last_error} AS last_error, {dead_at} AS dead_at
-FROM {t} AS t WHERE t.{status} = 'dead' AND t.{seq} > $2 ORDER BY t.{seq} LIMIT $1",
-            seq = c.seq,
-            attempts = c.attempts,
-            item = layout.item,
-            last_error = c.last_error,
-            dead_at = micros_of(&format!("t.{}", c.dead_at)),
-            status = c.status,
-        )
-        .into(),
-        status: format!(
-            "SELECT t.{seq} AS seq, t.{status} AS status, t.{attempts} AS attempts,
-       t.{last_error} AS last_error, {available_at} AS available_at,
-       {lease_until} AS lease_until, {done_at} AS done_at, {dead_at} AS dead_at
-FROM {t} AS t WHERE t.id = $1::uuid",
-            seq = c.seq,
-            status = c.status,
-            attempts = c.attempts,
-            last_error = c.last_error,
-            available_at = micros_of(&format!("t.{}", c.available_at)),
-            lease_until = micros_of(&format!("t.{}", c.lease_until)),
-            done_at = micros_of(&format!("t.{}", c.done_at)),
-            dead_at = micros_of(&format!("t.{}", c.dead_at)),
-        )
-        .into(),
-        row: format!("{select} WHERE t.id = $1::uuid").into(),
         // One count per minute, each over its range of the index of done rows by time,
         // from the first row (one index probe: `min` over one table, not a join):
         // grouping by an expression of `done_at` instead sorts every row of the range
@@ -459,18 +411,35 @@ ORDER BY m.start",
             age = millis_param(1),
         )
         .into(),
-        listing: ListingSql {
-            select,
-            seq: format!("t.{}", c.seq),
-            status: format!("t.{}", c.status),
-            topic: topic.to_owned(),
-            key: format!("t.{}", c.key),
-            created: created.to_owned(),
+        listing: {
+            let mut listing = OutboxColumns::named(t, select, &c.key, &micros_of(created));
+            listing.seq = format!("t.{}", c.seq);
+            listing.status = format!("t.{}", c.status);
+            listing.topic = topic.to_owned();
+            listing.created = created.to_owned();
+            listing
         },
         table: t.clone(),
         channel: String::new(),
         topic_prefix: None,
         json_payload: false,
+    }
+}
+
+impl OutboxSql {
+    /// The value of the topic column: the topic, or for a Debezium-style table the
+    /// aggregate type (the topic without the configured prefix).
+    pub(crate) fn aggregate_type(&self, topic: &str) -> Result<String> {
+        match &self.topic_prefix {
+            None => Ok(topic.to_owned()),
+            Some(prefix) => match topic.strip_prefix(prefix.as_str()) {
+                Some(aggregate) if !aggregate.is_empty() => Ok(aggregate.to_owned()),
+                _ => Err(Error::InvalidOptions(format!(
+                    "topic {topic:?} does not start with this outbox's topic prefix {prefix:?} \
+                     followed by an aggregate type"
+                ))),
+            },
+        }
     }
 }
 

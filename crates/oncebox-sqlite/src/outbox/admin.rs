@@ -1,21 +1,69 @@
-//! What operators ask of the outbox: counts, dead letters, replay, one row's state.
+//! What operators ask of the outbox: figures, one row's state, dead letters and their
+//! replay, the listing the dashboard pages through. The statements are SQLite's; what
+//! runs them is `oncebox-sql`'s, once for every database.
 
-use std::time::{Duration, SystemTime};
+use std::sync::LazyLock;
+use std::time::SystemTime;
 
-use oncebox_core::time::{from_unix_millis, to_unix_millis};
-use oncebox_core::{Error, Message, MessageId, Result};
-use sqlx::Row;
+use oncebox_core::spool::{MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
+use oncebox_core::time::to_unix_millis;
+use oncebox_core::{Message, MessageId, Result};
+use oncebox_sql::{OutboxColumns, OutboxStatements, Query, RowReader, SqlOutboxAdmin};
+use sqlx::{QueryBuilder, Sqlite};
 
-use super::{SqliteOutbox, sql};
-use crate::error::{RowDecodeError, RowReader, store_error};
-use crate::spool::{SpoolRow, sql_limit};
-
-use oncebox_core::spool::{Backlog, MinuteCount, OutboxAdmin, OutboxRow, RowFilter};
 pub use oncebox_core::spool::{DeadLetter, OutboxStats, RowState, RowStatus};
 
+use super::{SqliteOutbox, sql};
+use crate::SqliteDialect;
+use crate::error::{RowDecodeError, store_error};
+use crate::spool::SpoolRow;
+
+/// The admin statements of `oncebox_outbox`.
+pub(crate) struct OutboxSql;
+
+static COLUMNS: LazyLock<OutboxColumns> = LazyLock::new(|| {
+    OutboxColumns::named(sql::TABLE, sql::LISTING.to_owned(), "key", "t.created_at")
+});
+
+impl OutboxStatements for OutboxSql {
+    type Dialect = SqliteDialect;
+
+    fn columns(&self) -> &OutboxColumns {
+        &COLUMNS
+    }
+
+    fn display(&self) -> &str {
+        sql::TABLE
+    }
+
+    fn message(row: &RowReader<'_, SqliteDialect>) -> Result<Message, RowDecodeError> {
+        Message::decode(row)
+    }
+
+    fn push_id(query: &mut QueryBuilder<Sqlite>, id: MessageId) {
+        query.push_bind(id.to_string());
+    }
+
+    fn counts(&self, with_done: bool, now: SystemTime) -> Query<Sqlite> {
+        sqlx::query(if with_done { sql::STATS } else { sql::BACKLOG }).bind(to_unix_millis(now))
+    }
+
+    fn published_per_minute(&self, since: SystemTime) -> Query<Sqlite> {
+        sqlx::query(sql::PUBLISHED_PER_MINUTE).bind(to_unix_millis(since))
+    }
+
+    fn purge_dead(&self, id: MessageId) -> Query<Sqlite> {
+        sqlx::query(sql::PURGE_DEAD).bind(id.to_string())
+    }
+}
+
 impl SqliteOutbox {
-    /// Counts rows by status and measures the oldest pending age. Each count walks a
-    /// partial index of its status.
+    pub(super) fn admin(&self) -> SqlOutboxAdmin<'_, OutboxSql> {
+        SqlOutboxAdmin::new(self.pool(), &OutboxSql)
+    }
+
+    /// Counts rows by status and measures the oldest pending age, in one statement; each
+    /// count walks a partial index of its status.
     ///
     /// # Errors
     ///
@@ -25,51 +73,7 @@ impl SqliteOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        let backlog = self.read_backlog().await?;
-        Ok(OutboxStats {
-            pending: backlog.pending,
-            scheduled: self.count_scheduled(SystemTime::now()).await?,
-            done: self.count(sql::COUNT_DONE).await?,
-            dead: backlog.dead,
-            oldest_pending_age: backlog.oldest_pending_age,
-        })
-    }
-
-    async fn count_scheduled(&self, now: SystemTime) -> Result<u64> {
-        let count: i64 = sqlx::query_scalar(sql::COUNT_SCHEDULED)
-            .bind(to_unix_millis(now))
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(u64::try_from(count).unwrap_or(0))
-    }
-
-    /// The backlog: [`stats`](Self::stats) without the count of published rows, which
-    /// grows with retention.
-    pub(super) async fn read_backlog(&self) -> Result<Backlog> {
-        let now = SystemTime::now();
-        let oldest: Option<i64> = sqlx::query_scalar(sql::OLDEST_PENDING)
-            .bind(to_unix_millis(now))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(store_error)?;
-        let waiting = self.count(sql::COUNT_PENDING).await?;
-        Ok(Backlog {
-            pending: waiting.saturating_sub(self.count_scheduled(now).await?),
-            dead: self.count(sql::COUNT_DEAD).await?,
-            oldest_pending_age: oldest.map(|created| {
-                now.duration_since(from_unix_millis(created))
-                    .unwrap_or(Duration::ZERO)
-            }),
-        })
-    }
-
-    async fn count(&self, query: &'static str) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(query)
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.admin().stats().await
     }
 
     /// The first `limit` dead letters, in commit order.
@@ -85,27 +89,7 @@ impl SqliteOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_after(None, limit).await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>> {
-        let rows = sqlx::query(sql::DEAD_LETTERS)
-            .bind(sql_limit(limit))
-            .bind(after.unwrap_or(i64::MIN))
-            .fetch_all(self.pool())
-            .await
-            .map_err(store_error)?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get("seq").map_err(store_error)?;
-                let reader = RowReader::new(row, sql::TABLE, format_args!("seq {seq}"));
-                decode_dead_letter(seq, &reader).map_err(Error::from)
-            })
-            .collect()
+        self.admin().dead_letters(None, limit).await
     }
 
     /// Puts the dead message `id` back in line: pending, due now, attempts reset to 0
@@ -150,56 +134,49 @@ impl SqliteOutbox {
     ///
     /// Cancel safe: it only reads.
     pub async fn status(&self, id: MessageId) -> Result<Option<RowState>> {
-        let row = sqlx::query(sql::STATUS)
-            .bind(id.to_string())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(store_error)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let reader = RowReader::new(&row, sql::TABLE, format_args!("id {id}"));
-        Ok(Some(decode_state(&reader)?))
+        self.admin().state(id).await
     }
 }
 
 impl OutboxAdmin for SqliteOutbox {
     async fn stats(&self) -> Result<OutboxStats> {
-        SqliteOutbox::stats(self).await
+        self.admin().stats().await
     }
 
     async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
-        let row = sqlx::query(sql::ROW)
-            .bind(id.to_string())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(store_error)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let reader = RowReader::new(&row, sql::TABLE, format_args!("id {id}"));
-        Ok(Some(OutboxRow {
-            state: decode_state(&reader)?,
-            message: Message::decode(&reader)?,
-        }))
+        self.admin().row(id).await
     }
 
     async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_after(after, limit).await
+        self.admin().dead_letters(after, limit).await
     }
 
-    /// See [`SqliteOutbox::rows`] for the indexes each filter reads.
+    /// One statement, which reads an index in descending commit order from `before` on,
+    /// so a page costs the same at any depth: with no status or status done, the table
+    /// itself (its rowid is the `seq`); with status pending or dead, the partial index of
+    /// that status; with an id, the unique index of ids; pending rows of one key, the
+    /// partial index of pending keys; a creation-time window, the index by creation time
+    /// (`oncebox_outbox_created`), in descending creation time. Topic and key (of other
+    /// statuses) have no index of their own: rows are filtered one by one until `limit`
+    /// match, which reads every row older than `before` where matches are rare or none
+    /// are left.
+    ///
     async fn rows(
         &self,
         filter: &RowFilter,
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        SqliteOutbox::rows(self, filter, before, limit).await
+        self.admin().rows(filter, before, limit).await
     }
 
+    /// Messages published per minute since `since`, oldest minute first.
+    /// SQLite has no clock of its own: publication times are those of the relays'
+    /// hosts. Reads the partial index of done rows by publication time (the
+    /// retention's), over the rows published since `since` only.
+    ///
     async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
-        SqliteOutbox::published_per_minute(self, since).await
+        self.admin().published_per_minute(since).await
     }
 
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
@@ -207,45 +184,131 @@ impl OutboxAdmin for SqliteOutbox {
     }
 
     async fn purge_dead(&self, id: MessageId) -> Result<bool> {
-        let result = sqlx::query(sql::PURGE_DEAD)
-            .bind(id.to_string())
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(result.rows_affected() > 0)
+        self.admin().purge_dead(id).await
     }
 }
 
-fn decode_dead_letter(seq: i64, row: &RowReader<'_>) -> Result<DeadLetter, RowDecodeError> {
-    let message = Message::decode(row)?;
-    let dead_at: Option<i64> = row.get("dead_at")?;
-    Ok(DeadLetter {
-        seq,
-        id: message.id,
-        message,
-        attempts: row.count("attempts")?,
-        reason: row.get::<Option<String>>("last_error")?.unwrap_or_default(),
-        dead_at: from_unix_millis(dead_at.unwrap_or(0)),
-    })
-}
+#[cfg(test)]
+mod tests {
+    use oncebox_core::sql::ListingStart;
+    use oncebox_core::time::from_unix_millis;
+    use sqlx::Row;
 
-pub(crate) fn decode_state(row: &RowReader<'_>) -> Result<RowState, RowDecodeError> {
-    let status: String = row.get("status")?;
-    let status = match status.as_str() {
-        "pending" => RowStatus::Pending,
-        "done" => RowStatus::Done,
-        "dead" => RowStatus::Dead,
-        other => return Err(row.error("status", format!("unknown status {other:?}"))),
-    };
-    let done_at: Option<i64> = row.get("done_at")?;
-    let dead_at: Option<i64> = row.get("dead_at")?;
-    Ok(RowState {
-        seq: row.get("seq")?,
-        status,
-        attempts: row.count("attempts")?,
-        last_error: row.get("last_error")?,
-        available_at: from_unix_millis(row.get("available_at")?),
-        leased_until: row.get::<Option<i64>>("lease_until")?.map(from_unix_millis),
-        settled_at: done_at.or(dead_at).map(from_unix_millis),
-    })
+    use super::*;
+    use crate::SqliteStore;
+
+    /// The listings the dashboard pages through read an index from the page's start:
+    /// no sort, no scan of the table in another order, on an empty database and with
+    /// statistics taken on a large one.
+    #[tokio::test]
+    async fn listings_read_an_index_in_their_order() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::connect(dir.path().join("listing.db"))
+            .await
+            .expect("open the database");
+        store.migrate().await.expect("migrate");
+        assert_listings_indexed(&store).await;
+        for statement in [
+            "INSERT INTO oncebox_outbox
+               (id, topic, key, payload, created_at, available_at, status, done_at, dead_at)
+             WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 19999)
+             SELECT 'id-' || i, 't' || (i % 3), 'k' || (i % 200), x'', i, 0,
+                    CASE WHEN i % 500 = 0 THEN 'dead' WHEN i > 19000 THEN 'pending'
+                         ELSE 'done' END, i, i
+             FROM n",
+            "ANALYZE",
+        ] {
+            sqlx::query(statement)
+                .execute(store.pool())
+                .await
+                .expect("fill the outbox");
+        }
+        assert_listings_indexed(&store).await;
+    }
+
+    async fn assert_listings_indexed(store: &SqliteStore) {
+        let with = |status, key: Option<&str>, id| RowFilter {
+            status,
+            key: key.map(str::to_owned),
+            id,
+            ..RowFilter::default()
+        };
+        let cases = [
+            ("no filter", with(None, None, None), "INTEGER PRIMARY KEY"),
+            (
+                "pending",
+                with(Some(RowStatus::Pending), None, None),
+                "oncebox_outbox_pending",
+            ),
+            (
+                "dead",
+                with(Some(RowStatus::Dead), None, None),
+                "oncebox_outbox_dead",
+            ),
+            (
+                "done",
+                with(Some(RowStatus::Done), None, None),
+                "INTEGER PRIMARY KEY",
+            ),
+            (
+                "pending of a key",
+                with(Some(RowStatus::Pending), Some("k7"), None),
+                "oncebox_outbox_pending_key",
+            ),
+            (
+                "id",
+                with(Some(RowStatus::Dead), None, Some(MessageId::new())),
+                "sqlite_autoindex_oncebox_outbox",
+            ),
+            (
+                "created in a window",
+                RowFilter {
+                    created_from: Some(from_unix_millis(5_000)),
+                    created_until: Some(from_unix_millis(15_000)),
+                    ..RowFilter::default()
+                },
+                "oncebox_outbox_created",
+            ),
+            (
+                "done, created before a time",
+                RowFilter {
+                    status: Some(RowStatus::Done),
+                    created_until: Some(from_unix_millis(15_000)),
+                    ..RowFilter::default()
+                },
+                "oncebox_outbox_created",
+            ),
+        ];
+        for (name, filter, index) in cases {
+            let start = if ListingStart::by_creation(&filter) {
+                ListingStart::BeforeCreated {
+                    created: 12_000,
+                    seq: 10_000,
+                }
+            } else {
+                ListingStart::Before { seq: 10_000 }
+            };
+            let plan: Vec<String> = SqlOutboxAdmin::new(store.pool(), &OutboxSql)
+                .listing("EXPLAIN QUERY PLAN ", &filter, start, 50)
+                .build()
+                .fetch_all(store.pool())
+                .await
+                .expect("explain the listing")
+                .iter()
+                .map(|row| row.get::<String, _>("detail"))
+                .collect();
+            let outer = plan
+                .iter()
+                .find(|step| step.contains(" t "))
+                .unwrap_or_else(|| panic!("{name}: no step reads the outbox: {plan:?}"));
+            assert!(
+                outer.starts_with("SEARCH t USING") && outer.contains(index),
+                "{name} does not read {index}: {plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                "{name} sorts: {plan:?}"
+            );
+        }
+    }
 }

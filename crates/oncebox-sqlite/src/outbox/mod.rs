@@ -2,7 +2,6 @@
 
 pub(crate) mod admin;
 mod batch;
-pub(crate) mod listing;
 mod schedule;
 mod sql;
 
@@ -192,7 +191,7 @@ impl SpoolStore for SqliteOutbox {
     }
 
     async fn backlog(&self) -> Result<Option<Backlog>> {
-        Ok(Some(self.read_backlog().await?))
+        Ok(Some(self.admin().backlog().await?))
     }
 }
 

@@ -108,6 +108,41 @@ where
         row.state.settled_at.is_some(),
         "a dead row has a settlement time"
     );
+
+    let later = [message(None, "poison 2"), message(None, "poison 3")];
+    ok("enqueue two more", harness.enqueue(&later).await);
+    let (token, rows) = claim("claim them", &store, 10, LONG_LEASE).await;
+    let dead = |m| {
+        let reason = "refused".into();
+        outcome(&rows, m, Settle::Dead { reason })
+    };
+    settle(
+        "dead-letter them",
+        &store,
+        token,
+        later.iter().map(dead).collect(),
+    )
+    .await;
+    let ids: Vec<MessageId> = ok("dead letters", store.dead_letters(None, 10).await)
+        .iter()
+        .map(|letter| letter.id)
+        .collect();
+    assert_eq!(
+        ids,
+        [poison.id, later[0].id, later[1].id],
+        "dead letters come in commit order"
+    );
+    let mut paged = Vec::new();
+    let mut after = None;
+    while let Some(letter) = ok("a page of one", store.dead_letters(after, 1).await).pop() {
+        assert!(paged.len() < ids.len(), "paging does not end: {paged:?}");
+        after = Some(letter.seq);
+        paged.push(letter.id);
+    }
+    assert_eq!(
+        paged, ids,
+        "pages of one, each after the last, list each once"
+    );
 }
 
 /// [`OutboxAdmin::published_per_minute`] counts published rows by the minute of their
