@@ -18,6 +18,20 @@ use oncebox::{Delivery, Message, MessageId, Publisher, Received, Result, Subscri
 
 use crate::config::{BrokerKind, Config, ConfigError, Layout, Secret, StoreKind};
 
+/// Runs `$body` with `$store` bound to the backend's value, one arm per store of the
+/// build, in an `impl` of an enum whose variants are those stores ([`Database`],
+/// [`AnyOutbox`]).
+macro_rules! each_store {
+    ($self:expr, $store:ident => $body:expr) => {
+        match $self {
+            Self::Sqlite($store) => $body,
+            Self::Postgres($store) => $body,
+            #[cfg(feature = "mysql")]
+            Self::Mysql($store) => $body,
+        }
+    };
+}
+
 /// A connected database. Its variants are the stores of the build (the features).
 #[non_exhaustive]
 pub enum Database {
@@ -146,21 +160,10 @@ impl Database {
         const BATCH: usize = 1000;
         let mut total = 0;
         loop {
-            let deleted = match self {
-                Self::Sqlite(store) => {
-                    store.inbox().purge(consumer, before, BATCH).await?
-                        + store.durable_inbox(consumer).purge(before, BATCH).await?
-                }
-                Self::Postgres(store) => {
-                    store.inbox().purge(consumer, before, BATCH).await?
-                        + store.durable_inbox(consumer).purge(before, BATCH).await?
-                }
-                #[cfg(feature = "mysql")]
-                Self::Mysql(store) => {
-                    store.inbox().purge(consumer, before, BATCH).await?
-                        + store.durable_inbox(consumer).purge(before, BATCH).await?
-                }
-            };
+            let deleted = each_store!(self, store => {
+                store.inbox().purge(consumer, before, BATCH).await?
+                    + store.durable_inbox(consumer).purge(before, BATCH).await?
+            });
             total += deleted;
             if deleted == 0 {
                 return Ok(total);
@@ -172,12 +175,7 @@ impl Database {
     /// byte order of the name: one statement, which reads every record of both inboxes
     /// (each store's [`InboxAdmin`] implementation says how).
     pub(crate) async fn consumers(&self) -> Result<Vec<ConsumerStats>> {
-        match self {
-            Self::Sqlite(store) => store.inbox().consumers().await,
-            Self::Postgres(store) => store.inbox().consumers().await,
-            #[cfg(feature = "mysql")]
-            Self::Mysql(store) => store.inbox().consumers().await,
-        }
+        each_store!(self, store => store.inbox().consumers().await)
     }
 
     /// Up to `limit` durable inbox rows matching `filter`, newest first from `before`
@@ -188,36 +186,19 @@ impl Database {
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<InboxRow>> {
-        match self {
-            Self::Sqlite(store) => store.inbox().inbox_rows(filter, before, limit).await,
-            Self::Postgres(store) => store.inbox().inbox_rows(filter, before, limit).await,
-            #[cfg(feature = "mysql")]
-            Self::Mysql(store) => store.inbox().inbox_rows(filter, before, limit).await,
-        }
+        each_store!(self, store => store.inbox().inbox_rows(filter, before, limit).await)
     }
 
     /// The durable inbox row at position `seq`, if there is one.
     pub(crate) async fn inbox_row(&self, seq: i64) -> Result<Option<InboxRow>> {
-        match self {
-            Self::Sqlite(store) => store.inbox().inbox_row(seq).await,
-            Self::Postgres(store) => store.inbox().inbox_row(seq).await,
-            #[cfg(feature = "mysql")]
-            Self::Mysql(store) => store.inbox().inbox_row(seq).await,
-        }
+        each_store!(self, store => store.inbox().inbox_row(seq).await)
     }
 
     /// The idempotent receiver's dedup record of `id` in this store, if there is one.
     pub(crate) async fn inspect_key(&self, id: &str) -> Result<Option<DedupRecord>> {
-        match self {
-            Self::Sqlite(store) => store.dedup().inspect(id).await,
-            Self::Postgres(store) => store.dedup().inspect(id).await,
-            #[cfg(feature = "mysql")]
-            Self::Mysql(store) => store.dedup().inspect(id).await,
-        }
+        each_store!(self, store => store.dedup().inspect(id).await)
     }
-}
 
-impl Database {
     /// The store's name, for logs.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -231,21 +212,9 @@ impl Database {
     /// Whether the database answers a `SELECT 1` within `timeout`; the reason if not.
     pub(crate) async fn ping(&self, timeout: Duration) -> std::result::Result<(), String> {
         let ping = async {
-            match self {
-                Self::Sqlite(store) => sqlx::query("SELECT 1")
-                    .execute(store.pool())
-                    .await
-                    .map(drop),
-                Self::Postgres(store) => sqlx::query("SELECT 1")
-                    .execute(store.pool())
-                    .await
-                    .map(drop),
-                #[cfg(feature = "mysql")]
-                Self::Mysql(store) => sqlx::query("SELECT 1")
-                    .execute(store.pool())
-                    .await
-                    .map(drop),
-            }
+            each_store!(self, store => {
+                sqlx::query("SELECT 1").execute(store.pool()).await.map(drop)
+            })
         };
         match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(())) => Ok(()),
@@ -283,31 +252,19 @@ pub(crate) enum AnyOutbox {
     Mysql(oncebox::mysql::MySqlOutbox),
 }
 
-/// Runs `$body` with `$outbox` bound to the backend's outbox.
-macro_rules! each_outbox {
-    ($self:expr, $outbox:ident => $body:expr) => {
-        match $self {
-            AnyOutbox::Sqlite($outbox) => $body,
-            AnyOutbox::Postgres($outbox) => $body,
-            #[cfg(feature = "mysql")]
-            AnyOutbox::Mysql($outbox) => $body,
-        }
-    };
-}
-
 impl SpoolStore for AnyOutbox {
     type Item = Message;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed<Message>>> {
-        each_outbox!(self, outbox => outbox.claim(request).await)
+        each_store!(self, outbox => outbox.claim(request).await)
     }
 
     async fn extend(&self, token: LeaseToken, rows: &[i64], lease: Duration) -> Result<()> {
-        each_outbox!(self, outbox => outbox.extend(token, rows, lease).await)
+        each_store!(self, outbox => outbox.extend(token, rows, lease).await)
     }
 
     async fn settle(&self, token: LeaseToken, settlements: &[Settlement]) -> Result<()> {
-        each_outbox!(self, outbox => outbox.settle(token, settlements).await)
+        each_store!(self, outbox => outbox.settle(token, settlements).await)
     }
 
     async fn settle_and_claim(
@@ -316,33 +273,33 @@ impl SpoolStore for AnyOutbox {
         settlements: &[Settlement],
         request: &ClaimRequest,
     ) -> Result<Vec<Claimed<Message>>> {
-        each_outbox!(self, outbox => outbox.settle_and_claim(token, settlements, request).await)
+        each_store!(self, outbox => outbox.settle_and_claim(token, settlements, request).await)
     }
 
     async fn purge(&self, before: SystemTime, limit: usize) -> Result<u64> {
-        each_outbox!(self, outbox => SpoolStore::purge(outbox, before, limit).await)
+        each_store!(self, outbox => SpoolStore::purge(outbox, before, limit).await)
     }
 
     async fn wait_for_work(&self, timeout: Duration) {
-        each_outbox!(self, outbox => outbox.wait_for_work(timeout).await);
+        each_store!(self, outbox => outbox.wait_for_work(timeout).await);
     }
 
     async fn backlog(&self) -> Result<Option<Backlog>> {
-        each_outbox!(self, outbox => outbox.backlog().await)
+        each_store!(self, outbox => outbox.backlog().await)
     }
 }
 
 impl OutboxAdmin for AnyOutbox {
     async fn stats(&self) -> Result<OutboxStats> {
-        each_outbox!(self, outbox => OutboxAdmin::stats(outbox).await)
+        each_store!(self, outbox => OutboxAdmin::stats(outbox).await)
     }
 
     async fn row(&self, id: MessageId) -> Result<Option<OutboxRow>> {
-        each_outbox!(self, outbox => outbox.row(id).await)
+        each_store!(self, outbox => outbox.row(id).await)
     }
 
     async fn dead_letters(&self, after: Option<i64>, limit: usize) -> Result<Vec<DeadLetter>> {
-        each_outbox!(self, outbox => OutboxAdmin::dead_letters(outbox, after, limit).await)
+        each_store!(self, outbox => OutboxAdmin::dead_letters(outbox, after, limit).await)
     }
 
     async fn rows(
@@ -351,20 +308,37 @@ impl OutboxAdmin for AnyOutbox {
         before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<OutboxRow>> {
-        each_outbox!(self, outbox => OutboxAdmin::rows(outbox, filter, before, limit).await)
+        each_store!(self, outbox => OutboxAdmin::rows(outbox, filter, before, limit).await)
     }
 
     async fn published_per_minute(&self, since: SystemTime) -> Result<Vec<MinuteCount>> {
-        each_outbox!(self, outbox => OutboxAdmin::published_per_minute(outbox, since).await)
+        each_store!(self, outbox => OutboxAdmin::published_per_minute(outbox, since).await)
     }
 
     async fn replay_dead(&self, id: MessageId) -> Result<bool> {
-        each_outbox!(self, outbox => OutboxAdmin::replay_dead(outbox, id).await)
+        each_store!(self, outbox => OutboxAdmin::replay_dead(outbox, id).await)
     }
 
     async fn purge_dead(&self, id: MessageId) -> Result<bool> {
-        each_outbox!(self, outbox => outbox.purge_dead(id).await)
+        each_store!(self, outbox => outbox.purge_dead(id).await)
     }
+}
+
+/// Runs `$body` with `$value` bound to the backend's value, one arm per broker of the
+/// build, in an `impl` of an enum whose variants are those brokers ([`AnyPublisher`],
+/// [`AnyDelivery`]).
+macro_rules! each_broker {
+    ($self:expr, $value:ident => $body:expr) => {
+        match $self {
+            #[cfg(feature = "nats")]
+            Self::Nats($value) => $body,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq($value) => $body,
+            #[cfg(feature = "kafka")]
+            Self::Kafka($value) => $body,
+            Self::RedisStreams($value) => $body,
+        }
+    };
 }
 
 /// A connected broker. Its variants are the brokers of the build (the features).
@@ -598,27 +572,11 @@ pub(crate) enum AnyPublisher {
 
 impl Publisher for AnyPublisher {
     async fn publish(&self, message: &Message) -> Result<()> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(publisher) => publisher.publish(message).await,
-            #[cfg(feature = "rabbitmq")]
-            Self::RabbitMq(publisher) => publisher.publish(message).await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(publisher) => publisher.publish(message).await,
-            Self::RedisStreams(publisher) => publisher.publish(message).await,
-        }
+        each_broker!(self, publisher => publisher.publish(message).await)
     }
 
     fn messaging_system(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(publisher) => publisher.messaging_system(),
-            #[cfg(feature = "rabbitmq")]
-            Self::RabbitMq(publisher) => publisher.messaging_system(),
-            #[cfg(feature = "kafka")]
-            Self::Kafka(publisher) => publisher.messaging_system(),
-            Self::RedisStreams(publisher) => publisher.messaging_system(),
-        }
+        each_broker!(self, publisher => publisher.messaging_system())
     }
 }
 
@@ -670,39 +628,25 @@ pub enum AnyDelivery {
     RedisStreams(oncebox::redis::RedisStreamDelivery),
 }
 
-macro_rules! each_delivery {
-    ($self:expr, $delivery:ident => $body:expr) => {
-        match $self {
-            #[cfg(feature = "nats")]
-            AnyDelivery::Nats($delivery) => $body,
-            #[cfg(feature = "rabbitmq")]
-            AnyDelivery::RabbitMq($delivery) => $body,
-            #[cfg(feature = "kafka")]
-            AnyDelivery::Kafka($delivery) => $body,
-            AnyDelivery::RedisStreams($delivery) => $body,
-        }
-    };
-}
-
 impl Delivery for AnyDelivery {
     fn received(&self) -> &Received {
-        each_delivery!(self, delivery => delivery.received())
+        each_broker!(self, delivery => delivery.received())
     }
 
     async fn ack(self) -> Result<()> {
-        each_delivery!(self, delivery => delivery.ack().await)
+        each_broker!(self, delivery => delivery.ack().await)
     }
 
     async fn nack(self, delay: Duration) -> Result<()> {
-        each_delivery!(self, delivery => delivery.nack(delay).await)
+        each_broker!(self, delivery => delivery.nack(delay).await)
     }
 
     async fn dead_letter(self, reason: &str) -> Result<()> {
-        each_delivery!(self, delivery => delivery.dead_letter(reason).await)
+        each_broker!(self, delivery => delivery.dead_letter(reason).await)
     }
 
     fn messaging_system(&self) -> &'static str {
-        each_delivery!(self, delivery => delivery.messaging_system())
+        each_broker!(self, delivery => delivery.messaging_system())
     }
 }
 
