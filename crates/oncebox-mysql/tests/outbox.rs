@@ -195,7 +195,7 @@ async fn raw_sql_builds_working_tables() {
     let (_, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["raw"]);
     pool.close().await;
-    common::drop_database(name);
+    drop(common::drop_database(name));
 }
 
 /// A database on schema version 1, with a row under a live lease, upgrades to version 2:
@@ -239,7 +239,7 @@ async fn version_1_databases_upgrade_and_keep_their_rows() {
         .unwrap();
     assert_eq!(outbox.stats().await.unwrap().done, 3);
     pool.close().await;
-    common::drop_database(name);
+    drop(common::drop_database(name));
 }
 
 /// A claim's window, read in the request that reads the claims, passes over the rows of

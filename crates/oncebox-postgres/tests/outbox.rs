@@ -178,7 +178,7 @@ async fn schemas_are_isolated() {
         let migrations = oncebox_postgres::migrator(schema).unwrap().iter().count();
         assert_eq!(applied, i64::try_from(migrations).unwrap(), "{schema}");
     }
-    common::drop_schema(other_schema);
+    drop(common::drop_schema(other_schema));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -224,7 +224,7 @@ async fn raw_sql_builds_working_tables() {
     enqueue(&outbox, &store, &[msg(Some("k"), "raw")]).await;
     let (_, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["raw"]);
-    common::drop_schema(schema);
+    drop(common::drop_schema(schema));
 }
 
 /// Rows written by hand with explicit NULLs: a NULL where the table wants a value (id,
