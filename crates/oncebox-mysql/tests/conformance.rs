@@ -69,6 +69,41 @@ oncebox_testkit::sql_store_harness! {
             Ok(self.outbox().with_claim_window(rows))
         }
 
+        /// By their slots in `oncebox_key_locks`, as the server computes them.
+        async fn keys_in_lock_order(&self) -> Result<(String, String)> {
+            let (a, b) = ("a".to_owned(), "b".to_owned());
+            let a_first: bool =
+                sqlx::query_scalar("SELECT (CRC32(?) & 65535) < (CRC32(?) & 65535)")
+                    .bind(a.as_bytes())
+                    .bind(b.as_bytes())
+                    .fetch_one(self.db.store.pool())
+                    .await
+                    .map_err(Error::store_transient)?;
+            Ok(if a_first { (a, b) } else { (b, a) })
+        }
+
+        /// Headers that are not strings, and a key that is not UTF-8.
+        async fn write_undecodable_rows(&self) -> Result<Vec<(MessageId, Vec<&'static str>)>> {
+            let ids = [
+                "0190a3f4-0000-7000-8000-0000000000a1",
+                "0190a3f4-0000-7000-8000-0000000000a2",
+            ];
+            self.db
+                .exec(&format!(
+                    "INSERT INTO oncebox_outbox (id, topic, headers, payload, created_at)
+                     VALUES (UNHEX(REPLACE('{}', '-', '')), 'orders', '{{\"n\": 1}}', X'00', 0);
+                     INSERT INTO oncebox_outbox (id, topic, `key`, headers, payload, created_at)
+                     VALUES (UNHEX(REPLACE('{}', '-', '')), 'orders', X'FF', '{{}}', X'00', 0)",
+                    ids[0], ids[1]
+                ))
+                .await;
+            let id = |text| MessageId::parse(text).map_err(Error::store_permanent);
+            Ok(vec![
+                (id(ids[0])?, vec!["headers"]),
+                (id(ids[1])?, vec!["key", "UTF-8"]),
+            ])
+        }
+
         async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
             sqlx::query("UPDATE oncebox_outbox SET done_at = ? WHERE id = ?")
                 .bind(to_unix_millis(at))

@@ -81,6 +81,36 @@ oncebox_testkit::sql_store_harness! {
             Ok(self.outbox().with_claim_window(rows))
         }
 
+        /// By their advisory lock keys (`hashtext(key) # table oid`).
+        async fn keys_in_lock_order(&self) -> Result<(String, String)> {
+            let (a, b) = ("a".to_owned(), "b".to_owned());
+            let sql = format!(
+                "SELECT (hashtext($1) # '{table}'::regclass::oid::int4)
+                      < (hashtext($2) # '{table}'::regclass::oid::int4)",
+                table = self.db.store.outbox().table()
+            );
+            let a_first: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(&a)
+                .bind(&b)
+                .fetch_one(self.db.store.pool())
+                .await
+                .map_err(Error::store_transient)?;
+            Ok(if a_first { (a, b) } else { (b, a) })
+        }
+
+        /// Headers that are not strings.
+        async fn write_undecodable_rows(&self) -> Result<Vec<(MessageId, Vec<&'static str>)>> {
+            let id = "0190a3f4-0000-7000-8000-0000000000a1";
+            self.db
+                .exec(&format!(
+                    "INSERT INTO outbox (id, topic, headers, payload)
+                     VALUES ('{id}', 'orders', '{{\"n\": 1}}', '\\x00')"
+                ))
+                .await;
+            let id = MessageId::parse(id).map_err(Error::store_permanent)?;
+            Ok(vec![(id, vec!["headers"])])
+        }
+
         async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
             let seconds = at
                 .duration_since(SystemTime::UNIX_EPOCH)
