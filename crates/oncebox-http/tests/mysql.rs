@@ -1,7 +1,6 @@
 //! The layer over a real HTTP server, on the MySQL / MariaDB dedup store
 //! (`ONCEBOX_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`; a database of its
-//! own per test, dropped afterwards; at most four tests hold one at a time, each with a
-//! small pool, to stay far below the server's `max_connections`).
+//! own per test, dropped afterwards, within the bounds of `oncebox_testkit::fresh`).
 
 #[macro_use]
 mod common;
@@ -10,9 +9,7 @@ use common::Fresh;
 use oncebox_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use oncebox_mysql::sqlx::{self, ConnectOptions, Connection};
 use oncebox_mysql::{MySqlDedupStore, MySqlStore};
-use tokio::sync::Semaphore;
-
-static SLOTS: Semaphore = Semaphore::const_new(4);
+use oncebox_testkit::fresh::{self, Cleanup};
 
 fn options() -> MySqlConnectOptions {
     std::env::var("ONCEBOX_MYSQL_URL")
@@ -21,41 +18,9 @@ fn options() -> MySqlConnectOptions {
         .expect("a valid ONCEBOX_MYSQL_URL")
 }
 
-/// Drops the test's database when the test ends (from a thread of its own: drop cannot
-/// await).
-struct DropDatabase(String);
-
-impl Drop for DropDatabase {
-    fn drop(&mut self) {
-        let name = std::mem::take(&mut self.0);
-        let dropper = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async move {
-                let Ok(mut conn) = options().connect().await else {
-                    return;
-                };
-                let sql = format!("DROP DATABASE IF EXISTS `{name}`");
-                if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                    .execute(&mut conn)
-                    .await
-                {
-                    eprintln!("could not drop test database {name}: {error}");
-                }
-                let _ = conn.close().await;
-            });
-        });
-        let _ = dropper.join();
-    }
-}
-
 async fn mysql() -> Fresh<MySqlDedupStore> {
-    let slot = SLOTS.acquire().await.expect("never closed");
-    let name = format!("oncebox_http_{}", uuid::Uuid::new_v4().simple());
+    let slot = fresh::slot().await;
+    let name = fresh::unique_name("oncebox_http");
     let mut admin = options()
         .connect()
         .await
@@ -65,7 +30,14 @@ async fn mysql() -> Fresh<MySqlDedupStore> {
         .await
         .expect("create the test database");
     let _ = admin.close().await;
-    let guard = DropDatabase(name.clone());
+    let sql = format!("DROP DATABASE IF EXISTS `{name}`");
+    let guard = Cleanup::new(format!("test database {name}"), move || async move {
+        let mut conn = options().connect().await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await
+    });
     let pool = MySqlPoolOptions::new()
         .max_connections(5)
         .connect_with(options().database(&name))

@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-
 use sqlx::mysql::{MySqlDatabaseError, MySqlPool};
 
 use common::TestDb;
@@ -22,26 +20,7 @@ const TABLES: [&str; 3] = ["payments", "account_balances", "orders"];
 
 /// The SQL block after `<!-- sql: name -->` in the guide.
 fn statement(name: &str) -> &'static str {
-    let marker = format!("<!-- sql: {name} -->");
-    let start = GUIDE
-        .find(&marker)
-        .unwrap_or_else(|| panic!("the guide has no statement {name:?}"));
-    let rest = &GUIDE[start + marker.len()..];
-    let open = rest
-        .find("```sql\n")
-        .expect("a ```sql block after the marker")
-        + 7;
-    let close = rest[open..].find("```").expect("the block ends");
-    rest[open..open + close].trim()
-}
-
-/// Every statement name in the guide.
-fn names() -> BTreeSet<&'static str> {
-    GUIDE
-        .split("<!-- sql: ")
-        .skip(1)
-        .filter_map(|rest| rest.split_once(" -->").map(|(name, _)| name))
-        .collect()
+    oncebox_testkit::guide::statement(GUIDE, name)
 }
 
 async fn with_tables() -> TestDb {
@@ -79,7 +58,7 @@ async fn balance(pool: &MySqlPool, account: &str) -> (i64, i64) {
 /// against the guide, both ways).
 #[test]
 fn every_mysql_statement_of_the_guide_is_tested() {
-    let tested: BTreeSet<&str> = [
+    let tested = [
         "mysql_insert_if_absent",
         "mysql_plain_insert",
         "mysql_upsert_forward",
@@ -87,18 +66,9 @@ fn every_mysql_statement_of_the_guide_is_tested() {
         "mysql_insert_ignore",
         "mysql_optimistic_update",
         "mysql_apply_versioned",
-    ]
-    .into_iter()
-    .chain(TABLES)
-    .collect();
-    let in_guide: BTreeSet<&str> = names()
-        .into_iter()
-        .filter(|name| !name.starts_with("pg_"))
-        .collect();
-    assert_eq!(in_guide, tested);
-    for name in &tested {
-        assert!(!statement(name).is_empty(), "{name}");
-    }
+    ];
+    let tested: Vec<&str> = tested.into_iter().chain(TABLES).collect();
+    oncebox_testkit::guide::every_statement_is_tested(GUIDE, &["pg_"], &tested);
 }
 
 /// The no-op upsert: a duplicate is no error and changes nothing; and the rows-affected

@@ -1,5 +1,6 @@
-//! Batch enqueue on PostgreSQL beyond the conformance suite: the key locks' fixed order,
-//! a duplicate from a concurrent transaction, the notification, a Debezium-style table.
+//! Batch enqueue on PostgreSQL beyond the conformance suite (where the key locks' fixed
+//! order is checked): a duplicate from a concurrent transaction, the notification, a
+//! Debezium-style table.
 
 mod common;
 
@@ -10,82 +11,6 @@ use oncebox_postgres::DebeziumLayout;
 use sqlx::postgres::PgListener;
 
 use common::{LONG, TestDb, claim, labels, msg};
-
-/// Two keys, ordered by their advisory lock keys (`hashtext(key) # table oid`).
-async fn keys_in_lock_order(db: &TestDb) -> (String, String) {
-    let (a, b) = ("a".to_owned(), "b".to_owned());
-    let sql = format!(
-        "SELECT (hashtext($1) # '{table}'::regclass::oid::int4)
-              < (hashtext($2) # '{table}'::regclass::oid::int4)",
-        table = db.store.outbox().table()
-    );
-    let a_first: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(&a)
-        .bind(&b)
-        .fetch_one(db.store.pool())
-        .await
-        .expect("compare the lock keys");
-    if a_first { (a, b) } else { (b, a) }
-}
-
-/// A batch takes its keys' locks in lock-key order, not slice order: while another
-/// transaction holds the lock of the lower key, a batch of [higher, lower] waits on the
-/// lower one without holding the higher one, so the other transaction can still enqueue
-/// the higher key (in slice order, the two would deadlock). Per key, the rows are then
-/// published in commit order.
-#[tokio::test(flavor = "multi_thread")]
-async fn batch_locks_keys_in_a_fixed_order() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    let (low, high) = keys_in_lock_order(&db).await;
-
-    let mut holder = db.store.pool().begin().await.unwrap();
-    outbox
-        .enqueue(&mut holder, &msg(Some(&low), "holder-low"))
-        .await
-        .unwrap();
-
-    let batch = vec![msg(Some(&high), "batch-high"), msg(Some(&low), "batch-low")];
-    let batcher = {
-        let pool = db.store.pool().clone();
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let mut tx = pool.begin().await?;
-            outbox.enqueue_batch(&mut tx, &batch).await?;
-            tx.commit().await?;
-            Ok::<_, Error>(())
-        })
-    };
-    // The batch is now waiting for the lower key's lock.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !batcher.is_finished(),
-        "the batch did not wait for the lock"
-    );
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        outbox.enqueue(&mut holder, &msg(Some(&high), "holder-high")),
-    )
-    .await
-    .expect("the higher key's lock is free while the batch waits for the lower one")
-    .expect("no deadlock");
-    holder.commit().await.unwrap();
-    tokio::time::timeout(LONG, batcher)
-        .await
-        .expect("the batch finishes once the holder commits")
-        .unwrap()
-        .expect("the batch commits");
-
-    let (_, rows) = claim(&outbox, 10, LONG).await;
-    let of = |key: &str| -> Vec<String> {
-        rows.iter()
-            .filter(|r| r.item.key.as_deref() == Some(key))
-            .map(|r| String::from_utf8_lossy(&r.item.payload).into_owned())
-            .collect()
-    };
-    assert_eq!(of(&low), ["holder-low", "batch-low"]);
-    assert_eq!(of(&high), ["holder-high", "batch-high"]);
-}
 
 /// A batch holding an id that a concurrent transaction enqueued and has not committed
 /// waits for it; when it commits, the batch is refused as a duplicate naming that id,

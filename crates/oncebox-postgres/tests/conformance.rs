@@ -6,13 +6,9 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use oncebox_core::{Error, Message, MessageId, Result, Schedule};
-use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, RowStatus};
-use oncebox_testkit::dedup::DedupHarness;
-use oncebox_testkit::inbox::{Connections, DurableInboxHarness, InboxHarness, TxOf};
-use oncebox_testkit::outbox::{
-    Capabilities, OutboxHarness, ProducerTx, RowState as KitRowState, RowStatus as KitRowStatus,
-};
+use oncebox_core::{Error, MessageId, Result};
+use oncebox_postgres::{PgDedupStore, PgDurableInbox, PgInbox, PgOutbox, PgStore, RowStatus};
+use oncebox_testkit::outbox::Capabilities;
 use sqlx::{Postgres, Transaction};
 
 use common::TestDb;
@@ -43,6 +39,14 @@ impl PgHarness {
         Self { db, held_claims }
     }
 
+    fn backend(&self) -> &PgStore {
+        &self.db.store
+    }
+
+    fn outbox(&self) -> PgOutbox {
+        self.db.store.outbox().with_held_claims(self.held_claims)
+    }
+
     async fn begin_tx(&self) -> Result<Transaction<'static, Postgres>> {
         self.db
             .store
@@ -53,206 +57,73 @@ impl PgHarness {
     }
 }
 
-/// A producer's transaction with the outbox it enqueues into.
-struct PgProducer {
-    tx: Transaction<'static, Postgres>,
-    outbox: PgOutbox,
-}
-
-impl ProducerTx for PgProducer {
-    async fn enqueue(&mut self, message: &Message) -> Result<()> {
-        self.outbox.enqueue(&mut self.tx, message).await
-    }
-
-    async fn commit(self) -> Result<()> {
-        self.tx.commit().await.map_err(Error::store_transient)?;
-        self.outbox.wake();
-        Ok(())
-    }
-
-    async fn rollback(self) -> Result<()> {
-        self.tx.rollback().await.map_err(Error::store_transient)
-    }
-}
-
-impl OutboxHarness for PgHarness {
-    type Store = PgOutbox;
-    type Producer = PgProducer;
-
-    fn store(&self) -> PgOutbox {
-        self.db.store.outbox().with_held_claims(self.held_claims)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .producer_key_locks(true)
-            .claim_window(true)
-            .held_claims(self.held_claims)
-            .keeps_enqueue_time(true)
-            .time_resolution(Duration::from_micros(1))
-            .publication_times(true)
-    }
-
-    async fn begin(&self) -> Result<PgProducer> {
-        Ok(PgProducer {
-            tx: self.begin_tx().await?,
-            outbox: self.db.store.outbox(),
-        })
-    }
-
-    fn deleting_on_publish(&self) -> Option<PgOutbox> {
-        Some(OutboxHarness::store(self).delete_on_publish(true))
-    }
-
-    fn windowed(&self, rows: usize) -> Result<PgOutbox> {
-        Ok(OutboxHarness::store(self).with_claim_window(rows))
-    }
-
-    async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
-        let seconds = at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_err(Error::store_permanent)?
-            .as_secs_f64();
-        sqlx::query("UPDATE outbox SET done_at = to_timestamp($1) WHERE id = $2::uuid")
-            .bind(seconds)
-            .bind(id.to_string())
-            .execute(self.db.store.pool())
-            .await
-            .map_err(Error::store_transient)?;
-        Ok(())
-    }
-
-    async fn enqueue_scheduled(&self, message: &Message, when: Schedule) -> Result<()> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self.begin_tx().await?;
-        outbox.enqueue_scheduled(&mut tx, message, when).await?;
-        tx.commit().await.map_err(Error::store_transient)?;
-        outbox.wake();
-        Ok(())
-    }
-
-    async fn cancel(&self, id: MessageId) -> Result<bool> {
-        self.cancel_kept_open(id, Duration::ZERO, true).await
-    }
-
-    async fn cancel_kept_open(
-        &self,
-        id: MessageId,
-        open_for: Duration,
-        commit: bool,
-    ) -> Result<bool> {
-        let mut tx = self.begin_tx().await?;
-        let cancelled = self.db.store.outbox().cancel(&mut tx, id).await?;
-        tokio::time::sleep(open_for).await;
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
+oncebox_testkit::sql_store_harness! {
+    harness: PgHarness,
+    producer: PgProducer,
+    database: Postgres,
+    stores: PgOutbox, PgInbox, PgDurableInbox, PgDedupStore,
+    row_status: RowStatus,
+    insert_effect: "INSERT INTO conformance_effects (key) VALUES ($1)",
+    count_effects: "SELECT count(*) FROM conformance_effects WHERE key = $1",
+    count_records: "SELECT count(*) FROM dedup",
+    outbox: {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::new()
+                .producer_key_locks(true)
+                .claim_window(true)
+                .held_claims(self.held_claims)
+                .keeps_enqueue_time(true)
+                .time_resolution(Duration::from_micros(1))
+                .publication_times(true)
         }
-        Ok(cancelled)
-    }
 
-    async fn row_state(&self, id: MessageId) -> Result<Option<KitRowState>> {
-        let Some(state) = self.db.store.outbox().status(id).await? else {
-            return Ok(None);
-        };
-        let status = match state.status {
-            RowStatus::Pending => KitRowStatus::Pending,
-            RowStatus::Done => KitRowStatus::Done,
-            RowStatus::Dead => KitRowStatus::Dead,
-            other => {
-                return Err(Error::store_permanent(format!(
-                    "unknown row status {other:?}"
-                )));
-            }
-        };
-        Ok(Some(KitRowState {
-            status,
-            attempts: state.attempts,
-            last_error: state.last_error,
-        }))
-    }
-
-    async fn enqueue_batch(
-        &self,
-        business: &str,
-        messages: &[Message],
-        commit: bool,
-    ) -> Result<()> {
-        let outbox = self.db.store.outbox();
-        let mut tx = self.begin_tx().await?;
-        Self::insert_effect(&mut tx, business).await?;
-        let batch = outbox.enqueue_batch(&mut tx, messages).await;
-        if commit {
-            tx.commit().await.map_err(Error::store_transient)?;
-            outbox.wake();
-        } else {
-            tx.rollback().await.map_err(Error::store_transient)?;
+        fn windowed(&self, rows: usize) -> Result<PgOutbox> {
+            Ok(self.outbox().with_claim_window(rows))
         }
-        batch
-    }
 
-    async fn business_rows(&self, business: &str) -> Result<u64> {
-        InboxHarness::count_effects(self, business).await
-    }
-}
-
-impl InboxHarness for PgHarness {
-    type Store = PgInbox;
-
-    fn store(&self) -> PgInbox {
-        self.db.store.inbox()
-    }
-
-    async fn insert_effect(tx: &mut TxOf<Self>, key: &str) -> Result<()> {
-        sqlx::query("INSERT INTO conformance_effects (key) VALUES ($1)")
-            .bind(key.to_owned())
-            .execute(&mut **tx)
-            .await
-            .map_err(Error::store_transient)?;
-        Ok(())
-    }
-
-    async fn count_effects(&self, key: &str) -> Result<u64> {
-        let count: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM conformance_effects WHERE key = $1")
-                .bind(key.to_owned())
+        /// By their advisory lock keys (`hashtext(key) # table oid`).
+        async fn keys_in_lock_order(&self) -> Result<(String, String)> {
+            let (a, b) = ("a".to_owned(), "b".to_owned());
+            let sql = format!(
+                "SELECT (hashtext($1) # '{table}'::regclass::oid::int4)
+                      < (hashtext($2) # '{table}'::regclass::oid::int4)",
+                table = self.db.store.outbox().table()
+            );
+            let a_first: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(&a)
+                .bind(&b)
                 .fetch_one(self.db.store.pool())
                 .await
                 .map_err(Error::store_transient)?;
-        Ok(u64::try_from(count).unwrap_or_default())
-    }
+            Ok(if a_first { (a, b) } else { (b, a) })
+        }
 
-    fn connections(&self) -> Option<Connections> {
-        let pool = self.db.store.pool();
-        Some(Connections {
-            open: pool.size(),
-            idle: pool.num_idle(),
-        })
-    }
-}
+        /// Headers that are not strings.
+        async fn write_undecodable_rows(&self) -> Result<Vec<(MessageId, Vec<&'static str>)>> {
+            let id = "0190a3f4-0000-7000-8000-0000000000a1";
+            self.db
+                .exec(&format!(
+                    "INSERT INTO outbox (id, topic, headers, payload)
+                     VALUES ('{id}', 'orders', '{{\"n\": 1}}', '\\x00')"
+                ))
+                .await;
+            let id = MessageId::parse(id).map_err(Error::store_permanent)?;
+            Ok(vec![(id, vec!["headers"])])
+        }
 
-impl DurableInboxHarness for PgHarness {
-    type Durable = PgDurableInbox;
-
-    fn durable(&self, consumer: &str) -> PgDurableInbox {
-        self.db.store.durable_inbox(consumer)
-    }
-}
-
-impl DedupHarness for PgHarness {
-    type Store = PgDedupStore;
-
-    fn store(&self) -> PgDedupStore {
-        self.db.store.dedup()
-    }
-
-    async fn count_records(&self) -> Result<Option<u64>> {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dedup")
-            .fetch_one(self.db.store.pool())
-            .await
-            .map_err(Error::store_transient)?;
-        Ok(Some(u64::try_from(count).unwrap_or_default()))
+        async fn set_published_at(&self, id: MessageId, at: SystemTime) -> Result<()> {
+            let seconds = at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_err(Error::store_permanent)?
+                .as_secs_f64();
+            sqlx::query("UPDATE outbox SET done_at = to_timestamp($1) WHERE id = $2::uuid")
+                .bind(seconds)
+                .bind(id.to_string())
+                .execute(self.db.store.pool())
+                .await
+                .map_err(Error::store_transient)?;
+            Ok(())
+        }
     }
 }
 

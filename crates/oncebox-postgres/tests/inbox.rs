@@ -251,5 +251,5 @@ async fn version_1_schemas_get_the_purge_index() {
     let later = SystemTime::now() + Duration::from_secs(3600);
     assert_eq!(inbox.purge("other", later, 10).await.unwrap(), 0);
     assert_eq!(inbox.purge(CONSUMER, later, 10).await.unwrap(), 1);
-    common::drop_schema(schema);
+    drop(common::drop_schema(schema));
 }

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sqlx::postgres::PgPool;
@@ -21,26 +20,7 @@ const TABLES: [&str; 3] = ["payments", "account_balances", "orders"];
 
 /// The SQL block after `<!-- sql: name -->` in the guide.
 fn statement(name: &str) -> &'static str {
-    let marker = format!("<!-- sql: {name} -->");
-    let start = GUIDE
-        .find(&marker)
-        .unwrap_or_else(|| panic!("the guide has no statement {name:?}"));
-    let rest = &GUIDE[start + marker.len()..];
-    let open = rest
-        .find("```sql\n")
-        .expect("a ```sql block after the marker")
-        + 7;
-    let close = rest[open..].find("```").expect("the block ends");
-    rest[open..open + close].trim()
-}
-
-/// Every statement name in the guide.
-fn names() -> BTreeSet<&'static str> {
-    GUIDE
-        .split("<!-- sql: ")
-        .skip(1)
-        .filter_map(|rest| rest.split_once(" -->").map(|(name, _)| name))
-        .collect()
+    oncebox_testkit::guide::statement(GUIDE, name)
 }
 
 async fn with_tables() -> TestDb {
@@ -71,21 +51,15 @@ async fn balance(pool: &PgPool, account: &str) -> (i64, i64) {
 /// against the guide, both ways).
 #[test]
 fn every_postgres_statement_of_the_guide_is_tested() {
-    let tested: BTreeSet<&str> = [
+    let tested = [
         "pg_insert_if_absent",
         "pg_insert_if_absent_returning",
         "pg_upsert_forward",
         "pg_optimistic_update",
         "pg_apply_versioned",
-    ]
-    .into_iter()
-    .chain(TABLES)
-    .collect();
-    let in_guide: BTreeSet<&str> = names()
-        .into_iter()
-        .filter(|name| !name.starts_with("mysql_"))
-        .collect();
-    assert_eq!(in_guide, tested);
+    ];
+    let tested: Vec<&str> = tested.into_iter().chain(TABLES).collect();
+    oncebox_testkit::guide::every_statement_is_tested(GUIDE, &["mysql_"], &tested);
 }
 
 /// `ON CONFLICT DO NOTHING`: 1 row, then 0 for the duplicate, and the transaction stays

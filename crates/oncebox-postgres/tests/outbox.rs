@@ -115,39 +115,6 @@ async fn notify_survives_a_killed_listener_connection() {
     running.await.unwrap().unwrap();
 }
 
-/// A row written by something other than oncebox, with headers that are not strings,
-/// is not handed out but dead-lettered, and reading the dead letters names the column.
-/// (Counts and dead letters of oncebox's own rows are the suite's
-/// `stats_and_dead_letters`.)
-#[tokio::test(flavor = "multi_thread")]
-async fn undecodable_rows_are_dead_lettered_not_handed_out() {
-    let db = TestDb::new().await;
-    let outbox = db.store.outbox();
-    enqueue(
-        &outbox,
-        &db.store,
-        &[msg(Some("k"), "old"), msg(None, "new")],
-    )
-    .await;
-    db.exec(
-        "INSERT INTO outbox (id, topic, headers, payload)
-         VALUES (gen_random_uuid(), 'orders', '{\"n\": 1}', '\\x00')",
-    )
-    .await;
-    let (token, rows) = claim(&outbox, 10, LONG).await;
-    assert_eq!(
-        labels(&rows),
-        ["old", "new"],
-        "the undecodable row is not handed out"
-    );
-    outbox.settle(token, &done(&rows)).await.unwrap();
-    let dead = outbox.dead_letters(10).await;
-    let error = dead.expect_err("the dead row cannot be decoded either");
-    assert!(error.to_string().contains("headers"), "{error}");
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.done, stats.dead), (0, 2, 1));
-}
-
 /// Two stores in two schemas of one database see only their own rows; each schema has
 /// its own migrations table; migrating again changes nothing.
 #[tokio::test(flavor = "multi_thread")]
@@ -178,7 +145,7 @@ async fn schemas_are_isolated() {
         let migrations = oncebox_postgres::migrator(schema).unwrap().iter().count();
         assert_eq!(applied, i64::try_from(migrations).unwrap(), "{schema}");
     }
-    common::drop_schema(other_schema);
+    drop(common::drop_schema(other_schema));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -224,7 +191,7 @@ async fn raw_sql_builds_working_tables() {
     enqueue(&outbox, &store, &[msg(Some("k"), "raw")]).await;
     let (_, rows) = claim(&outbox, 10, LONG).await;
     assert_eq!(labels(&rows), ["raw"]);
-    common::drop_schema(schema);
+    drop(common::drop_schema(schema));
 }
 
 /// Rows written by hand with explicit NULLs: a NULL where the table wants a value (id,

@@ -70,6 +70,8 @@ macro_rules! outbox_checks {
             claim_finds_free_keys_behind_a_held_backlog,
             claim_step_two_reaches_every_key,
             replay_waits_for_the_relay_holding_its_key,
+            batch_takes_key_locks_in_a_fixed_order,
+            undecodable_rows_are_dead_lettered_not_handed_out,
         );
     };
 }

@@ -16,6 +16,9 @@
 //! | [`multi_relay`] | [`multi_relay::MultiRelayHarness`] | four relays killed at random keep each key in commit order |
 //! | `trace` (feature `otel`) | a transport's, an outbox's and an inbox's | one trace from an HTTP request through the relay and the broker to the handler |
 //!
+//! [`sql_harness`] implements the four store harnesses once for an sqlx-based backend.
+//! [`fresh`] gives each test a database (or schema) of its own on a shared server.
+//! [`guide`] reads the SQL statements of a guide, for tests that run each of them.
 //! [`proxy`] cuts, stalls and slows one client's connections to its database or broker.
 //! `browser` (feature `browser`) drives a headless Chromium through chromedriver, for
 //! tests of web pages.
@@ -29,12 +32,15 @@ pub mod checks;
 pub mod dedup;
 pub mod e2e;
 pub mod fixtures;
+pub mod fresh;
+pub mod guide;
 pub mod inbox;
 #[cfg(feature = "sqlite")]
 pub mod interop;
 pub mod multi_relay;
 pub mod outbox;
 pub mod proxy;
+pub mod sql_harness;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod steady;

@@ -73,6 +73,7 @@ mod batch;
 mod broker_faults;
 mod capabilities;
 mod claiming;
+mod foreign_rows;
 mod key_order;
 mod listing;
 mod producing;
@@ -99,9 +100,11 @@ pub use claiming::{
     claim_in_commit_order, concurrent_claimers_never_overlap, expired_lease_is_fenced,
     per_key_prefix,
 };
+pub use foreign_rows::undecodable_rows_are_dead_lettered_not_handed_out;
 pub use key_order::{
-    claim_finds_free_keys_behind_a_held_backlog, claim_step_two_reaches_every_key,
-    producers_of_a_key_commit_in_seq_order, replay_waits_for_the_relay_holding_its_key,
+    batch_takes_key_locks_in_a_fixed_order, claim_finds_free_keys_behind_a_held_backlog,
+    claim_step_two_reaches_every_key, producers_of_a_key_commit_in_seq_order,
+    replay_waits_for_the_relay_holding_its_key,
 };
 pub use listing::{
     LISTED, check_listing, fill_listed, rows_listed_newest_first_filtered_and_paged,
@@ -244,6 +247,34 @@ pub trait OutboxHarness: Send + Sync {
         std::future::ready(Err(oncebox_core::Error::InvalidOptions(
             "this harness cannot set publication times".into(),
         )))
+    }
+
+    /// Two keys, the lower first, in the order a transaction of this store takes their
+    /// locks (a batch of both takes the lower's first). Called only if
+    /// [`Capabilities::producer_key_locks`]; the default refuses.
+    ///
+    /// # Errors
+    ///
+    /// A store error; the default's when the harness cannot.
+    fn keys_in_lock_order(&self) -> impl Future<Output = Result<(String, String)>> + Send {
+        std::future::ready(Err(oncebox_core::Error::InvalidOptions(
+            "this harness does not say in which order keys are locked".into(),
+        )))
+    }
+
+    /// Writes rows into the outbox table by hand, committed and pending, as something
+    /// other than oncebox might, that the store cannot decode into a message (headers
+    /// that are not strings, say); returns their ids in commit order, each with the words
+    /// its dead-letter reason must contain (the column at fault). The default writes none
+    /// (the check that needs them is skipped).
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    fn write_undecodable_rows(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(MessageId, Vec<&'static str>)>>> + Send {
+        std::future::ready(Ok(Vec::new()))
     }
 
     /// Enqueues `message` with the store's `enqueue_scheduled`, due as `when` says, in a

@@ -2,10 +2,9 @@
 //!
 //! Tests read the server's URL from `ONCEBOX_MYSQL_URL` (default
 //! `mysql://root@127.0.0.1:3306/test`). Each test creates a database of its own
-//! (`oncebox_t_<uuid>`), migrates it, and drops it when its [`TestDb`] is dropped, so
-//! tests run in parallel and rerun cleanly. At most [`PARALLEL_TESTS`] tests of one test
-//! binary hold a database at once, each with a small pool, so `cargo test` stays far
-//! below the server's `max_connections` (151 by default) whatever `--test-threads` says.
+//! (`oncebox_t_<random>`), migrates it, and drops it when its [`TestDb`] is dropped,
+//! within the bounds of `oncebox_testkit::fresh` (a few tests of one binary at once,
+//! each with a small pool, far below the server's `max_connections`).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -13,17 +12,15 @@ use std::time::Duration;
 
 use oncebox_core::Message;
 use oncebox_mysql::{MySqlOutbox, MySqlStore};
+use oncebox_testkit::fresh::{self, Cleanup};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Connection};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::SemaphorePermit;
 
 #[allow(unused_imports)] // each test binary uses some of them
 pub use oncebox_testkit::fixtures::{claim, done, label, labels, msg, settle_all};
 
 pub const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
-pub const PARALLEL_TESTS: usize = 4;
-
-static SLOTS: Semaphore = Semaphore::const_new(PARALLEL_TESTS);
 
 pub fn url() -> String {
     std::env::var("ONCEBOX_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
@@ -37,6 +34,8 @@ pub fn options() -> MySqlConnectOptions {
 pub struct TestDb {
     pub store: MySqlStore,
     pub name: String,
+    // Dropped in this order, after the store: the database goes, then the slot frees.
+    _drop: Cleanup,
     _slot: SemaphorePermit<'static>,
 }
 
@@ -46,10 +45,7 @@ impl TestDb {
     }
 
     pub async fn with_connections(connections: u32) -> Self {
-        let slot = SLOTS
-            .acquire()
-            .await
-            .expect("the test semaphore is never closed");
+        let slot = fresh::slot().await;
         let name = create_database("oncebox_t").await;
         let pool = MySqlPoolOptions::new()
             .max_connections(connections)
@@ -57,9 +53,9 @@ impl TestDb {
             .connect_with(options().database(&name))
             .await
             .expect("connect to MariaDB (set ONCEBOX_MYSQL_URL)");
-        let store = MySqlStore::from_pool(pool);
         let db = Self {
-            store,
+            store: MySqlStore::from_pool(pool),
+            _drop: drop_database(name.clone()),
             name,
             _slot: slot,
         };
@@ -100,15 +96,9 @@ impl TestDb {
     }
 }
 
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        drop_database(self.name.clone());
-    }
-}
-
-/// Creates an empty database `<prefix>_<uuid>` and returns its name.
+/// Creates an empty database `<prefix>_<random>` and returns its name.
 pub async fn create_database(prefix: &str) -> String {
-    let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    let name = fresh::unique_name(prefix);
     let mut conn = options()
         .connect()
         .await
@@ -121,32 +111,17 @@ pub async fn create_database(prefix: &str) -> String {
     name
 }
 
-/// Drops database `name` on a connection of its own, from a thread of its own (drop
-/// cannot await), waiting at most a few seconds for locks.
-pub fn drop_database(name: String) {
-    let dropper = std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        runtime.block_on(async move {
-            let Ok(mut conn) = MySqlConnection::connect_with(&options()).await else {
-                return;
-            };
-            let sql =
-                format!("SET SESSION lock_wait_timeout = 5; DROP DATABASE IF EXISTS `{name}`");
-            if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut conn)
-                .await
-            {
-                eprintln!("could not drop test database {name}: {error}");
-            }
-            let _ = conn.close().await;
-        });
-    });
-    let _ = dropper.join();
+/// Drops database `name` when the value returned is dropped, on a connection of its
+/// own, waiting at most a few seconds for locks.
+pub fn drop_database(name: String) -> Cleanup {
+    Cleanup::new(format!("test database {name}"), move || async move {
+        let mut conn = MySqlConnection::connect_with(&options()).await?;
+        let sql = format!("SET SESSION lock_wait_timeout = 5; DROP DATABASE IF EXISTS `{name}`");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await
+    })
 }
 
 /// Enqueues `messages` in one committed transaction.

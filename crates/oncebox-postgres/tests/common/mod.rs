@@ -2,10 +2,9 @@
 //!
 //! Tests read the server's URL from `ONCEBOX_PG_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`). Each test migrates a schema of its own
-//! (`t_<uuid>`) and drops it when its [`TestDb`] is dropped, so tests run in parallel and
-//! rerun cleanly. At most [`PARALLEL_TESTS`] tests of one test binary hold a database at
-//! once, each with a small pool, so `cargo test` stays far below the server's
-//! `max_connections` whatever `--test-threads` says.
+//! (`t_<random>`) and drops it when its [`TestDb`] is dropped, within the bounds of
+//! `oncebox_testkit::fresh` (a few tests of one binary at once, each with a small pool,
+//! far below the server's `max_connections`).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -16,25 +15,23 @@ use std::time::Duration;
 
 use oncebox_core::Message;
 use oncebox_postgres::{PgOutbox, PgStore};
+use oncebox_testkit::fresh::{self, Cleanup};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::SemaphorePermit;
 
 #[allow(unused_imports)] // each test binary uses some of them
 pub use oncebox_testkit::fixtures::{claim, done, label, labels, msg};
 
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-pub const PARALLEL_TESTS: usize = 4;
 pub const LONG: Duration = Duration::from_secs(60);
-
-static SLOTS: Semaphore = Semaphore::const_new(PARALLEL_TESTS);
 
 pub fn url() -> String {
     std::env::var("ONCEBOX_PG_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
 pub fn unique_schema() -> String {
-    format!("t_{}", uuid::Uuid::new_v4().simple())
+    fresh::unique_name("t")
 }
 
 /// A migrated schema of its own, dropped (best effort) with this value. The pool's
@@ -43,6 +40,8 @@ pub fn unique_schema() -> String {
 pub struct TestDb {
     pub store: PgStore,
     pub schema: String,
+    // Dropped in this order, after the store: the schema goes, then the slot frees.
+    _drop: Cleanup,
     _slot: SemaphorePermit<'static>,
 }
 
@@ -52,10 +51,7 @@ impl TestDb {
     }
 
     pub async fn with_connections(connections: u32) -> Self {
-        let slot = SLOTS
-            .acquire()
-            .await
-            .expect("the test semaphore is never closed");
+        let slot = fresh::slot().await;
         let schema = unique_schema();
         let options: PgConnectOptions = url().parse().expect("a valid ONCEBOX_PG_URL");
         let options = options.options([("search_path", format!("{schema},public"))]);
@@ -68,12 +64,14 @@ impl TestDb {
         let store = PgStore::from_pool(pool)
             .with_schema(&schema)
             .expect("a valid schema name");
-        store.migrate().await.expect("migrate");
-        Self {
+        let db = Self {
             store,
+            _drop: drop_schema(schema.clone()),
             schema,
             _slot: slot,
-        }
+        };
+        db.store.migrate().await.expect("migrate");
+        db
     }
 
     /// A transaction on the pool with `messages` enqueued in it, in order, not yet
@@ -109,38 +107,17 @@ impl TestDb {
     }
 }
 
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        drop_schema(self.schema.clone());
-    }
-}
-
-/// Drops `schema` on a connection of its own, from a thread of its own (drop cannot
-/// await), waiting at most a few seconds for locks.
-pub fn drop_schema(schema: String) {
-    let dropper = std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        runtime.block_on(async move {
-            let Ok(mut conn) = PgConnection::connect(&url()).await else {
-                return;
-            };
-            let sql =
-                format!("SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-            if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut conn)
-                .await
-            {
-                eprintln!("could not drop test schema {schema}: {error}");
-            }
-            let _ = conn.close().await;
-        });
-    });
-    let _ = dropper.join();
+/// Drops `schema` when the value returned is dropped, on a connection of its own,
+/// waiting at most a few seconds for locks.
+pub fn drop_schema(schema: String) -> Cleanup {
+    Cleanup::new(format!("test schema {schema}"), move || async move {
+        let mut conn = PgConnection::connect(&url()).await?;
+        let sql = format!("SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await
+    })
 }
 
 /// Enqueues `messages` in one committed transaction.

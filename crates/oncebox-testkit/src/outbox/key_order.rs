@@ -239,3 +239,68 @@ where
         "a replayed row keeps its last error"
     );
 }
+
+/// A batch takes its keys' locks in a fixed order, the store's, not the slice's: while
+/// a producer holds the lock of the lower key, a batch of [higher, lower] waits for it
+/// without holding the higher one, so the producer can still enqueue the higher key (in
+/// slice order the two would deadlock). Per key, the rows are then claimed in commit
+/// order. Needs [`producer_key_locks`](super::Capabilities::producer_key_locks), and the
+/// harness's [`keys_in_lock_order`](OutboxHarness::keys_in_lock_order).
+pub async fn batch_takes_key_locks_in_a_fixed_order<H: OutboxHarness>(harness: &H) {
+    if !harness.capabilities().producer_key_locks {
+        return skipped(
+            "batch_takes_key_locks_in_a_fixed_order",
+            "producer_key_locks",
+        );
+    }
+    let (low, high) = ok("two keys in lock order", harness.keys_in_lock_order().await);
+    let mut holder = ok("begin the holder", harness.begin().await);
+    ok(
+        "the holder enqueues the lower key",
+        holder.enqueue(&message(Some(&low), "holder-low")).await,
+    );
+    let batch = [
+        message(Some(&high), "batch-high"),
+        message(Some(&low), "batch-low"),
+    ];
+    let batching = harness.enqueue_batch("locks-in-order", &batch, true);
+    tokio::pin!(batching);
+    assert!(
+        tokio::time::timeout(WATCH, &mut batching).await.is_err(),
+        "the batch must wait for the lower key's lock, which the holder's enqueue took"
+    );
+    let holder_high = message(Some(&high), "holder-high");
+    ok(
+        "the holder enqueues the higher key (a batch locking in slice order deadlocks here)",
+        within(
+            "the holder's enqueue of the higher key while the batch waits",
+            STEP,
+            holder.enqueue(&holder_high),
+        )
+        .await,
+    );
+    ok("commit the holder", holder.commit().await);
+    ok(
+        "the batch, once the holder committed",
+        within("the batch, once the holder committed", STEP, batching).await,
+    );
+
+    let store = harness.store();
+    let (_, rows) = claim("claim everything", &store, 10, LONG_LEASE).await;
+    let of = |key: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|row| row.item.key.as_deref() == Some(key))
+            .map(|row| label(&row.item))
+            .collect()
+    };
+    assert_eq!(
+        of(&low),
+        ["holder-low", "batch-low"],
+        "the lower key's rows"
+    );
+    assert_eq!(
+        of(&high),
+        ["holder-high", "batch-high"],
+        "the higher key's rows"
+    );
+}
