@@ -27,6 +27,8 @@ impl Dialect for MySqlDialect {
     type Db = MySql;
     type Key = Vec<u8>;
 
+    const ROW_VALUE_RANGES: bool = false;
+
     fn key(value: &str) -> Vec<u8> {
         value.as_bytes().to_vec()
     }

@@ -54,6 +54,11 @@ pub trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// where they are binary (compared byte for byte).
     type Key: for<'q> Encode<'q, Self::Db> + Type<Self::Db> + Send + 'static;
 
+    /// Whether the database reads a row-value comparison, `(a, b) < (x, y)`, as a range
+    /// of an index on `(a, b)`: where it does not (MySQL), the comparison is spelled out
+    /// as `a <= x AND (a < x OR b < y)`, whose first term bounds the range.
+    const ROW_VALUE_RANGES: bool = true;
+
     /// `value` as a [`Key`](Self::Key).
     fn key(value: &str) -> Self::Key;
 

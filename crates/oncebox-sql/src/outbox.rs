@@ -432,17 +432,21 @@ where
             ListingStart::Before { seq } => {
                 conditions.and(format_args!("{} < ", c.seq)).push_bind(seq);
             }
-            // Spelled out rather than as a row comparison, which MySQL does not read as
-            // a range of the index.
             ListingStart::BeforeCreated { created, seq } => {
                 let created = S::Dialect::time(created);
-                let row = conditions.and(format_args!("{} <= ", c.created));
-                S::Dialect::push_time(row, created);
-                row.push(format_args!(" AND ({} < ", c.created));
-                S::Dialect::push_time(row, created);
-                row.push(format_args!(" OR {} < ", c.seq))
-                    .push_bind(seq)
-                    .push(")");
+                if S::Dialect::ROW_VALUE_RANGES {
+                    let row = conditions.and(format_args!("({}, {}) < (", c.created, c.seq));
+                    S::Dialect::push_time(row, created);
+                    row.push(", ").push_bind(seq).push(")");
+                } else {
+                    let row = conditions.and(format_args!("{} <= ", c.created));
+                    S::Dialect::push_time(row, created);
+                    row.push(format_args!(" AND ({} < ", c.created));
+                    S::Dialect::push_time(row, created);
+                    row.push(format_args!(" OR {} < ", c.seq))
+                        .push_bind(seq)
+                        .push(")");
+                }
             }
         }
         query.push(" ORDER BY ");

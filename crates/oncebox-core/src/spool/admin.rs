@@ -178,6 +178,12 @@ impl DeadLetterSelection {
 /// through [`dead_letters`](Self::dead_letters); the one-row operations then apply to
 /// exactly the ids found (and confirmed, in the CLI), each with the guarantees of its
 /// one-row call (a replayed row keeps its place in its key's order).
+///
+/// # Cancel safety
+///
+/// Every method is cancel safe: the reads only read, and each write
+/// ([`replay_dead`](Self::replay_dead), [`purge_dead`](Self::purge_dead)) is one statement
+/// or one transaction, applied entirely or not at all.
 pub trait OutboxAdmin: Send + Sync {
     /// Counts by status and the oldest pending age.
     ///

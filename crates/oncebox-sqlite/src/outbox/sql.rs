@@ -268,11 +268,15 @@ mod tests {
             ("retry", SPOOL.retry),
             ("purge", SPOOL.purge),
             ("figures", STATS),
-            // As `oncebox_sql::SqlOutboxAdmin::dead_letters` builds it.
+            // As `oncebox_sql::SqlOutboxAdmin::dead_letters` builds it, with the index hint
+            // of `OutboxStatements::index_hint`.
             (
                 "dead letters",
-                format!("{LISTING} WHERE t.status = 'dead' AND t.seq > ?1 ORDER BY t.seq LIMIT ?2")
-                    .as_str(),
+                format!(
+                    "{LISTING} INDEXED BY oncebox_outbox_dead \
+                     WHERE t.status = 'dead' AND t.seq > ?1 ORDER BY t.seq LIMIT ?2"
+                )
+                .as_str(),
             ),
         ] {
             let plan = plan(store, sql).await;
