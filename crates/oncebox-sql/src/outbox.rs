@@ -39,7 +39,7 @@ pub struct OutboxColumns {
     pub id: String,
     /// The topic, compared with [`OutboxStatements::topic`].
     pub topic: String,
-    /// The key, compared with [`OutboxStatements::key`].
+    /// The key, compared with [`Dialect::key`] (where [`OutboxStatements::has_key`]).
     pub key: String,
     /// The creation time, compared with [`Dialect::push_time`].
     pub created: String,
