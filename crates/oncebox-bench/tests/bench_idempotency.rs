@@ -78,6 +78,22 @@ fn bench_dedup_memory_reports_ns_per_check() {
     assert!((ns - 1e9 / checks).abs() < 1e-6, "{report}");
 }
 
+/// With its default rounds (three), as the README runs it: every round keeps its ids in
+/// the store, so a store sized for fewer refuses new ids at capacity from the third
+/// round on.
+#[test]
+fn bench_dedup_memory_runs_its_default_rounds() {
+    let report = bench(&["dedup", "--store", "memory", "--ops", "2000"]);
+    assert_eq!(report["bench"], "dedup");
+    let rounds = report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|run| run["round"].as_u64().expect("a round"))
+        .max();
+    assert_eq!(rounds, Some(3), "{report}");
+}
+
 #[test]
 fn bench_dedup_redis() {
     let report = bench(&["dedup", "--store", "redis", "--ops", "500", "--rounds", "1"]);

@@ -218,7 +218,10 @@ pub(crate) async fn run(args: DedupArgs) -> anyhow::Result<ExitCode> {
     let memory = args.stores.store == DedupStoreKind::Memory;
     let ops = args.ops.unwrap_or(if memory { 1_000_000 } else { 20_000 });
     let concurrency = args.concurrency.unwrap_or(if memory { 1 } else { 32 });
-    let capacity = usize::try_from(ops.saturating_mul(2)).unwrap_or(usize::MAX);
+    // Every round keeps the ids it completes (for longer than the run), so an in-memory
+    // store holds `ops` per round; one sized for fewer refuses new ids at capacity.
+    let capacity =
+        usize::try_from(ops.saturating_mul(u64::from(args.rounds))).unwrap_or(usize::MAX);
     let store = BenchStore::open(&args.stores, capacity).await?;
     let body = async {
         match &store {
