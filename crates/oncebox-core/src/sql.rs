@@ -130,6 +130,20 @@ pub fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// Longest error text a spool row keeps in `last_error`, in characters.
+pub const MAX_ERROR_CHARS: usize = 2000;
+
+/// Error text as a spool row keeps it in `last_error`: cut to [`MAX_ERROR_CHARS`] on a
+/// character boundary (an ellipsis marks the cut), without NUL bytes, which PostgreSQL's
+/// `text` cannot hold.
+pub fn last_error(error: &str) -> String {
+    let clean: String = error.chars().filter(|c| *c != '\0').collect();
+    match clean.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}…", &clean[..cut]),
+        None => clean,
+    }
+}
+
 /// Where a page of an outbox listing ([`OutboxAdmin::rows`](crate::spool::OutboxAdmin::rows))
 /// starts, in the listing's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,6 +316,18 @@ impl CountColumn for sqlx::MySql {
 
 #[cfg(test)]
 mod tests {
+    use super::{MAX_ERROR_CHARS, last_error};
+
+    #[test]
+    fn error_text_is_capped_on_char_boundaries_without_nul() {
+        assert_eq!(last_error("short"), "short");
+        assert_eq!(last_error("nul\0byte"), "nulbyte");
+        let long = "é".repeat(MAX_ERROR_CHARS + 10);
+        let kept = last_error(&long);
+        assert_eq!(kept.chars().count(), MAX_ERROR_CHARS + 1);
+        assert!(kept.ends_with('…'));
+    }
+
     use super::*;
 
     #[test]

@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime};
 
 use oncebox_core::Result;
 use oncebox_core::spool::{ClaimRequest, Claimed, LeaseToken, Settle, Settlement};
-use oncebox_core::sql::fenced;
+use oncebox_core::sql::{fenced, last_error};
 use oncebox_core::time::{duration_millis, to_unix_millis};
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
@@ -46,9 +46,6 @@ use sqlx::{Row, Sqlite};
 use tokio::sync::Notify;
 
 use crate::error::{RowDecodeError, RowReader, store_error};
-
-/// Longest error text kept in `last_error`, in characters.
-const MAX_ERROR_CHARS: usize = 2000;
 
 /// The statements of one spool table.
 ///
@@ -392,9 +389,10 @@ impl SettleOps {
             match &settlement.outcome {
                 Settle::Done => ops.done.push(seq),
                 Settle::Retry { at, error } => {
-                    ops.retry.push((seq, to_unix_millis(*at), cap_error(error)));
+                    ops.retry
+                        .push((seq, to_unix_millis(*at), last_error(error)));
                 }
-                Settle::Dead { reason } => ops.dead.push((seq, cap_error(reason))),
+                Settle::Dead { reason } => ops.dead.push((seq, last_error(reason))),
                 // `Release`, and any outcome added to the core later: end the lease and
                 // count nothing, the one settlement that can never lose a row.
                 _ => {}
@@ -420,14 +418,6 @@ fn json_list(seqs: &[i64]) -> String {
 
 pub(crate) use oncebox_core::sql::sql_limit;
 
-/// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary.
-fn cap_error(error: &str) -> String {
-    match error.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => format!("{}…", &error[..cut]),
-        None => error.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,13 +426,6 @@ mod tests {
     fn json_lists() {
         assert_eq!(json_list(&[]), "[]");
         assert_eq!(json_list(&[1, -2, 30]), "[1,-2,30]");
-    }
-
-    #[test]
-    fn errors_are_capped_on_char_boundaries() {
-        assert_eq!(cap_error("short"), "short");
-        let long = "é".repeat(MAX_ERROR_CHARS + 10);
-        assert_eq!(cap_error(&long).chars().count(), MAX_ERROR_CHARS + 1);
     }
 
     #[test]

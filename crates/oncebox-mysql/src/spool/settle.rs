@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use oncebox_core::Result;
 use oncebox_core::spool::{LeaseToken, Settle, Settlement};
+use oncebox_core::sql::last_error;
 use sqlx::Row as _;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
@@ -14,9 +15,6 @@ use crate::error::store_error;
 use crate::sql::{
     MAX_LIST, delete_read_committed, ms_since, ms_until, query, sql_limit, uuid_bytes,
 };
-
-/// Longest error text kept in `last_error`, in characters.
-const MAX_ERROR_CHARS: usize = 2000;
 
 impl SpoolTable {
     /// Applies every settlement in one transaction, to the rows claim `token` still
@@ -191,13 +189,13 @@ impl Outcomes {
                     settlement.seq,
                     sql::OP_RETRY,
                     ms_until(*at),
-                    cap_error(error)
+                    last_error(error)
                 ])),
                 Settle::Dead { reason } => failed.push(serde_json::json!([
                     settlement.seq,
                     sql::OP_DEAD,
                     0,
-                    cap_error(reason)
+                    last_error(reason)
                 ])),
                 // `Release`, and any outcome added to the core later: the row leaves the
                 // claim unchanged, the one settlement that can never lose a row.
@@ -225,24 +223,9 @@ pub(super) fn settled(results: &[Vec<MySqlRow>], flag: usize) -> Result<bool> {
     Ok(settled.is_some_and(|changed| changed > 0))
 }
 
-/// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary.
-pub(crate) fn cap_error(error: &str) -> String {
-    match error.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => format!("{}…", &error[..cut]),
-        None => error.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_are_capped_on_char_boundaries() {
-        assert_eq!(cap_error("short"), "short");
-        let long = "é".repeat(MAX_ERROR_CHARS + 10);
-        assert_eq!(cap_error(&long).chars().count(), MAX_ERROR_CHARS + 1);
-    }
 
     /// What a claim and a settlement write to the claim's row is what the next
     /// settlement's guard expects: settling a claim this process made, part of it then

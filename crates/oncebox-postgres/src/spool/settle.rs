@@ -4,14 +4,12 @@
 
 use oncebox_core::Result;
 use oncebox_core::spool::{LeaseToken, Settle, Settlement};
+use oncebox_core::sql::last_error;
 
 use super::held::Taken;
 use super::{PgQuery, SpoolTable, query, sql, sql_limit};
 use crate::error::store_error;
 use crate::time::{duration_ms, ms_since, ms_until};
-
-/// Longest error text kept in `last_error`, in characters.
-const MAX_ERROR_CHARS: usize = 2000;
 
 impl SpoolTable {
     /// Applies every settlement of claim `token` at once: a held claim's in its
@@ -126,8 +124,8 @@ impl SettleArrays {
         for settlement in settlements {
             let (op, delay, error) = match &settlement.outcome {
                 Settle::Done => (sql::OP_DONE, 0, String::new()),
-                Settle::Retry { at, error } => (sql::OP_RETRY, ms_until(*at), cap_error(error)),
-                Settle::Dead { reason } => (sql::OP_DEAD, 0, cap_error(reason)),
+                Settle::Retry { at, error } => (sql::OP_RETRY, ms_until(*at), last_error(error)),
+                Settle::Dead { reason } => (sql::OP_DEAD, 0, last_error(reason)),
                 // `Release`, and any outcome added to the core later: end the lease and
                 // count nothing, the one settlement that can never lose a row.
                 _ => (sql::OP_RELEASE, 0, String::new()),
@@ -147,28 +145,5 @@ impl SettleArrays {
             .bind(self.ops)
             .bind(self.delays)
             .bind(self.errors)
-    }
-}
-
-/// Error text cut to [`MAX_ERROR_CHARS`], on a character boundary, without NUL bytes
-/// (which `text` cannot hold).
-pub(crate) fn cap_error(error: &str) -> String {
-    let clean: String = error.chars().filter(|c| *c != '\0').collect();
-    match clean.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => format!("{}…", &clean[..cut]),
-        None => clean,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_are_capped_on_char_boundaries() {
-        assert_eq!(cap_error("short"), "short");
-        assert_eq!(cap_error("nul\0byte"), "nulbyte");
-        let long = "é".repeat(MAX_ERROR_CHARS + 10);
-        assert_eq!(cap_error(&long).chars().count(), MAX_ERROR_CHARS + 1);
     }
 }
