@@ -112,8 +112,10 @@ where
     let later = [message(None, "poison 2"), message(None, "poison 3")];
     ok("enqueue two more", harness.enqueue(&later).await);
     let (token, rows) = claim("claim them", &store, 10, LONG_LEASE).await;
+    // A NUL byte in a reason is dropped on every store (PostgreSQL's text cannot hold
+    // one), the rest kept.
     let dead = |m| {
-        let reason = "refused".into();
+        let reason = "refused\0 again".into();
         outcome(&rows, m, Settle::Dead { reason })
     };
     settle(
@@ -123,10 +125,17 @@ where
         later.iter().map(dead).collect(),
     )
     .await;
-    let ids: Vec<MessageId> = ok("dead letters", store.dead_letters(None, 10).await)
-        .iter()
-        .map(|letter| letter.id)
-        .collect();
+    let letters = ok("dead letters", store.dead_letters(None, 10).await);
+    assert_eq!(
+        letters
+            .iter()
+            .skip(1)
+            .map(|l| l.reason.as_str())
+            .collect::<Vec<_>>(),
+        ["refused again", "refused again"],
+        "reasons kept without their NUL byte"
+    );
+    let ids: Vec<MessageId> = letters.iter().map(|letter| letter.id).collect();
     assert_eq!(
         ids,
         [poison.id, later[0].id, later[1].id],
