@@ -196,3 +196,35 @@ where
         settled_at: optional("done_at")?.or(optional("dead_at")?),
     })
 }
+
+/// [`Dialect::status_sql`] for a schema that keeps statuses as text (`'pending'`,
+/// `'done'`, `'dead'`: PostgreSQL's and SQLite's).
+pub fn text_status_sql(status: RowStatus) -> &'static str {
+    match status {
+        RowStatus::Pending => "'pending'",
+        RowStatus::Done => "'done'",
+        RowStatus::Dead => "'dead'",
+        // A status this version does not store: no row has it.
+        _ => "NULL",
+    }
+}
+
+/// [`Dialect::status`] for a schema that keeps statuses as text.
+///
+/// # Errors
+///
+/// The column is missing, not text, or holds a status oncebox does not write.
+pub fn text_status<D, DB>(row: &RowReader<'_, D>) -> Result<RowStatus, RowDecodeError>
+where
+    D: Dialect<Db = DB>,
+    DB: Database,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+{
+    match row.get::<String>("status")?.as_str() {
+        "pending" => Ok(RowStatus::Pending),
+        "done" => Ok(RowStatus::Done),
+        "dead" => Ok(RowStatus::Dead),
+        other => Err(row.error("status", format!("unknown status {other:?}"))),
+    }
+}

@@ -34,7 +34,7 @@ mod migrate;
 mod outbox;
 
 pub use dedup::{DedupDialect, SqlDedupStore};
-pub use dialect::{Dialect, Field, Query, RowReader};
+pub use dialect::{Dialect, Field, Query, RowReader, text_status, text_status_sql};
 pub use durable::decode_received;
 pub use inbox::{InboxDialect, SqlInbox, count_duplicate};
 pub use migrate::migrator;

@@ -48,13 +48,7 @@ impl Dialect for SqliteDialect {
     }
 
     fn status_sql(status: RowStatus) -> impl fmt::Display {
-        match status {
-            RowStatus::Pending => "'pending'",
-            RowStatus::Done => "'done'",
-            RowStatus::Dead => "'dead'",
-            // A status this version does not store: no row has it.
-            _ => "NULL",
-        }
+        oncebox_sql::text_status_sql(status)
     }
 
     fn text(
@@ -72,12 +66,7 @@ impl Dialect for SqliteDialect {
     }
 
     fn status(row: &RowReader<'_, Self>) -> Result<RowStatus, RowDecodeError> {
-        match row.get::<String>("status")?.as_str() {
-            "pending" => Ok(RowStatus::Pending),
-            "done" => Ok(RowStatus::Done),
-            "dead" => Ok(RowStatus::Dead),
-            other => Err(row.error("status", format!("unknown status {other:?}"))),
-        }
+        oncebox_sql::text_status::<Self, _>(row)
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
