@@ -4,6 +4,11 @@
 #
 #   scripts/services.sh NAME...
 #   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox-bench chaos`)
+#   scripts/services.sh postgres-pair [async]
+#                                         a PostgreSQL primary (127.0.0.1:5433) with a
+#                                         synchronous (or asynchronous) streaming standby
+#                                         (5434), made anew, for `oncebox-bench chaos
+#                                         --failover`; `scripts/pg-pair.sh` says more
 #
 # Each backend's tests add their service to SERVICES in scripts/test; this script knows
 # how to bring each one up on a Debian machine and waits until it answers.
@@ -176,6 +181,22 @@ restart() {
     *) log "cannot restart $1 without losing its data"; exit 2 ;;
   esac
 }
+
+# postgres-pair [sync|async]: a primary and its standby in PAIR_DIR, made anew each time,
+# since a failover spends the pair (its old primary is dead, its standby has none).
+PAIR_DIR=${ONCEBOX_PG_PAIR_DIR:-/var/lib/oncebox/pg-pair}
+postgres_pair() {
+  local scripts
+  scripts=$(dirname "$0")
+  command -v pg_ctlcluster >/dev/null || apt_install postgresql
+  "$scripts/pg-pair.sh" destroy "$PAIR_DIR"
+  "$scripts/pg-pair.sh" create "$PAIR_DIR" 5433 5434 "${1:-sync}"
+}
+
+if [ "${1:-}" = postgres-pair ]; then
+  postgres_pair "${2:-sync}"
+  exit 0
+fi
 
 if [ "${1:-}" = restart ]; then
   restart "${2:?restart what?}"

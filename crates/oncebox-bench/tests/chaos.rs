@@ -286,3 +286,48 @@ fn cdc_messages_survive_kills_a_paused_reader_a_terminated_walsender_and_a_postg
 fn cdc_table_survives_kills_a_paused_reader_and_a_terminated_walsender() {
     short_cdc_run("cdc-table", "37", &[], &[]);
 }
+
+/// A PostgreSQL primary with a synchronous standby of the test's own, failed over in
+/// the middle of a short run (the primary killed with `pg_ctl stop -m immediate`, the
+/// standby promoted, the database's address moved to it), beside the usual kills,
+/// pauses and broken links: with synchronous replication the promoted standby has
+/// every commit anyone saw succeed, so every order is charged exactly once and
+/// published in order.
+#[test]
+fn a_synchronous_postgres_failover_loses_no_order_and_charges_none_twice() {
+    use oncebox_testkit::pg_pair::{PgPair, Replication};
+
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let pair = runtime
+        .block_on(PgPair::start(Replication::Synchronous))
+        .expect("a primary with a synchronous standby");
+    let (primary, standby, failover) = (
+        pair.primary_url(),
+        pair.standby_url(),
+        pair.failover_command(),
+    );
+    let report = short_run(
+        "nats://127.0.0.1:4222",
+        "61",
+        &[
+            "--database-url",
+            &primary,
+            "--standby-url",
+            &standby,
+            "--failover",
+            &failover,
+        ],
+    );
+    check(
+        &report,
+        3000,
+        &[
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+            ("failover_postgres", 1),
+        ],
+    );
+}

@@ -19,7 +19,9 @@
 //! [`sql_harness`] implements the four store harnesses once for an sqlx-based backend.
 //! [`fresh`] gives each test a database (or schema) of its own on a shared server.
 //! [`guide`] reads the SQL statements of a guide, for tests that run each of them.
-//! [`proxy`] cuts, stalls and slows one client's connections to its database or broker.
+//! [`proxy`] cuts, stalls and slows one client's connections to its database or broker,
+//! and moves an address to another server; [`pg_pair`] runs a PostgreSQL primary with a
+//! streaming standby, for failovers.
 //! `browser` (feature `browser`) drives a headless Chromium through chromedriver, for
 //! tests of web pages.
 //!
@@ -39,6 +41,7 @@ pub mod inbox;
 pub mod interop;
 pub mod multi_relay;
 pub mod outbox;
+pub mod pg_pair;
 pub mod proxy;
 pub mod sql_harness;
 #[cfg(feature = "sqlite")]

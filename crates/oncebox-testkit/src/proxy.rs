@@ -14,6 +14,7 @@
 //! proxy.slow(Duration::from_millis(50)); // every chunk arrives 50 ms late
 //! proxy.cut(); // its connections drop, new ones are closed at once
 //! proxy.restore();
+//! proxy.retarget("127.0.0.1:5433"); // the address moved to a promoted standby
 //! # Ok(()) }
 //! ```
 
@@ -50,7 +51,7 @@ pub struct Proxy {
 }
 
 struct Shared {
-    target: String,
+    target: Mutex<String>,
     /// Cut: new connections are closed as soon as they are accepted.
     refusing: AtomicBool,
     condition: watch::Sender<Condition>,
@@ -67,7 +68,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            target: target.into(),
+            target: Mutex::new(target.into()),
             refusing: AtomicBool::new(false),
             condition: watch::Sender::new(Condition::Flowing),
             connections: Mutex::new(Vec::new()),
@@ -116,6 +117,20 @@ impl Proxy {
         self.shared.condition.send_replace(Condition::Slow(delay));
     }
 
+    /// Forwards new connections to `target` from now on and drops the open ones: the
+    /// service's address moved (a virtual IP, a Kubernetes service, a failover
+    /// proxy after a promotion), and what was connected to the old host is gone.
+    pub fn retarget(&self, target: impl Into<String>) {
+        *self
+            .shared
+            .target
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = target.into();
+        for connection in self.shared.connections().drain(..) {
+            connection.abort();
+        }
+    }
+
     /// Accepts and forwards as they come again; what a stall held is forwarded now.
     pub fn restore(&self) {
         self.shared.refusing.store(false, Ordering::SeqCst);
@@ -155,11 +170,12 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
         if shared.refusing.load(Ordering::SeqCst) {
             continue; // dropped: closed at once
         }
-        let connection = tokio::spawn(forward(
-            inbound,
-            shared.target.clone(),
-            shared.condition.subscribe(),
-        ));
+        let target = shared
+            .target
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let connection = tokio::spawn(forward(inbound, target, shared.condition.subscribe()));
         let mut connections = shared.connections();
         connections.retain(|c| !c.is_finished());
         connections.push(connection.abort_handle());

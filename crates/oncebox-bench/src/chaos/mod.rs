@@ -23,7 +23,10 @@
 //!   them through TCP proxies of its own, its replication connection too; Kafka's
 //!   clients follow the addresses of its metadata, so only their database link is
 //!   proxied), and restarts of the broker and of PostgreSQL by the commands given
-//!   (`scripts/services.sh restart nats` …).
+//!   (`scripts/services.sh restart nats` …), and a failover of PostgreSQL to its standby
+//!   by the command given (`scripts/pg-pair.sh failover DIR`): every process, and the
+//!   order service, reaches PostgreSQL through an address of the run's own that moves
+//!   to the standby once the command promoted it.
 //!
 //! The **audit** then counts each order's charges (exactly once, never, twice, charges
 //! of orders never committed) and reads the topic back from the broker in its log order:
@@ -35,6 +38,7 @@
 //! the NATS stream, temporary files) is removed at the end unless `--keep`.
 
 mod cdc;
+mod failover;
 mod fleet;
 mod payments;
 mod plan;
@@ -59,7 +63,7 @@ use cdc::RelayKind;
 pub(crate) use payments::{PaymentsArgs, run as payments};
 use plan::PlanSpec;
 use report::{ChaosReport, print};
-use shop::{EventOutbox, OrderPlaced};
+use shop::EventOutbox;
 use topic::{create_topic, read_back, remove_topic};
 
 use oncebox_cli::{Broker, Config, Overrides};
@@ -72,9 +76,6 @@ const CUT: Duration = Duration::from_secs(3);
 
 /// How long a slowed link stays slow.
 const SLOW: Duration = Duration::from_secs(10);
-
-/// Order writers, each owning a share of the customers.
-const WRITERS: u32 = 8;
 
 /// How long a fault that strikes the slot's reader (or its walsender) waits for one,
 /// after a kill or a restart that left none for a moment.
@@ -146,6 +147,15 @@ pub(crate) struct ChaosArgs {
     /// PostgreSQL restarts.
     #[arg(long, default_value_t = 0, requires = "restart_postgres")]
     postgres_restarts: u32,
+    /// Shell command that fails PostgreSQL over once during the run: kills the primary
+    /// and promotes its standby (`scripts/pg-pair.sh failover DIR`; `scripts/services.sh
+    /// postgres-pair` makes a pair). Everything reaches PostgreSQL through an address of
+    /// the run's own, which then moves to `--standby-url`.
+    #[arg(long, value_name = "COMMAND", requires = "standby_url")]
+    failover: Option<String>,
+    /// The standby that `--failover` promotes.
+    #[arg(long, requires = "failover")]
+    standby_url: Option<String>,
     /// How long after the last order every order must be charged.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
@@ -164,6 +174,18 @@ pub(crate) struct ChaosArgs {
 /// Runs `oncebox-bench chaos` and prints its audit.
 pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    // With a failover, the database is reached through an address that moves.
+    let database = match &args.standby_url {
+        Some(standby) => Some(failover::MovingAddress::start(&args.database_url, standby).await?),
+        None => None,
+    };
+    let args = match &database {
+        Some(address) => ChaosArgs {
+            database_url: address.url().to_owned(),
+            ..args
+        },
+        None => args,
+    };
     let schema = format!("chaos_{:012x}", fastrand::u64(..) >> 16);
     let store = PgStore::connect(&args.database_url)
         .await
@@ -178,7 +200,14 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let dir = tempfile::Builder::new()
         .prefix("oncebox-chaos-")
         .tempdir()?;
-    let outcome = run_in(&args, seed, &store, dir.path().to_owned()).await;
+    let outcome = run_in(
+        &args,
+        seed,
+        &store,
+        database.as_ref(),
+        dir.path().to_owned(),
+    )
+    .await;
     // A slot left behind keeps WAL for good: a failed run drops it too (its confirmed
     // position is in the report), unless asked to keep it.
     if args.relay.is_cdc()
@@ -312,6 +341,7 @@ async fn run_in(
     args: &ChaosArgs,
     seed: u64,
     store: &PgStore,
+    database: Option<&failover::MovingAddress>,
     dir: PathBuf,
 ) -> anyhow::Result<ChaosReport> {
     let schema = store.schema().to_owned();
@@ -364,6 +394,7 @@ async fn run_in(
         broker_link: broker_kind != "kafka",
         broker_restarts: args.broker_restarts,
         postgres_restarts: args.postgres_restarts,
+        failovers: u32::from(args.failover.is_some()),
         cdc: args.relay.is_cdc(),
     };
     let faults = plan::plan(&spec, seed);
@@ -409,6 +440,7 @@ async fn run_in(
         progress,
         struck: BTreeMap::new(),
         walsenders_terminated: 0,
+        database,
     };
 
     let started = Instant::now();
@@ -418,7 +450,7 @@ async fn run_in(
         RelayKind::CdcMessages => EventOutbox::Messages(store.message_outbox()),
         RelayKind::Poll | RelayKind::CdcTable => EventOutbox::Table(store.outbox()),
     };
-    let mut orders = tokio::spawn(place_orders(
+    let mut orders = tokio::spawn(shop::place_orders(
         store.clone(),
         outbox,
         args.orders,
@@ -530,44 +562,6 @@ async fn run_in(
         eprintln!("oncebox-bench chaos: {error:#}");
     }
     Ok(report)
-}
-
-/// The order service: `orders` orders spread over `customers` customers, order `i` due
-/// at `i / rate` seconds; writer `w` places the orders of the customers `c` with
-/// `c % WRITERS == w`, one at a time, so each customer's orders commit in order. Returns
-/// the WAL position read once the last order committed.
-async fn place_orders(
-    store: PgStore,
-    outbox: EventOutbox,
-    orders: u64,
-    customers: u32,
-    rate: u32,
-    placed: Arc<AtomicU64>,
-    retries: Arc<AtomicU64>,
-) -> String {
-    let start = tokio::time::Instant::now();
-    let mut writers = tokio::task::JoinSet::new();
-    for writer in 0..WRITERS {
-        let (store, outbox) = (store.clone(), outbox.clone());
-        let (placed, retries) = (Arc::clone(&placed), Arc::clone(&retries));
-        writers.spawn(async move {
-            for i in 0..orders {
-                let customer = u32::try_from(i % u64::from(customers)).unwrap_or(0);
-                if customer % WRITERS != writer {
-                    continue;
-                }
-                let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
-                tokio::time::sleep_until(due).await;
-                let seq = i64::try_from(i / u64::from(customers)).unwrap_or(i64::MAX) + 1;
-                let order = OrderPlaced::new(customer, seq);
-                let failed = shop::place(&store, &outbox, &order).await;
-                retries.fetch_add(failed, Ordering::Relaxed);
-                placed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
-    while writers.join_next().await.is_some() {}
-    cdc::wal_position(&store).await
 }
 
 #[cfg(test)]

@@ -76,6 +76,9 @@ pub(crate) enum Fault {
     RestartBroker,
     /// PostgreSQL restarted by its command.
     RestartPostgres,
+    /// PostgreSQL's primary killed and its standby promoted by the failover command;
+    /// the database's address then moves to the standby.
+    Failover,
 }
 
 impl Fault {
@@ -88,7 +91,8 @@ impl Fault {
             Self::TerminateRelayConnections
             | Self::TerminateWalsender
             | Self::RestartBroker
-            | Self::RestartPostgres => None,
+            | Self::RestartPostgres
+            | Self::Failover => None,
         }
     }
 
@@ -145,6 +149,7 @@ impl Fault {
             },
             Self::RestartBroker => "restart_broker",
             Self::RestartPostgres => "restart_postgres",
+            Self::Failover => "failover_postgres",
         }
     }
 }
@@ -170,6 +175,8 @@ pub(crate) struct PlanSpec {
     pub(crate) broker_link: bool,
     pub(crate) broker_restarts: u32,
     pub(crate) postgres_restarts: u32,
+    /// PostgreSQL failovers (a pair has one standby: 0 or 1).
+    pub(crate) failovers: u32,
     /// Whether the relays tail the log (one reads the slot, the others stand by)
     /// rather than poll the table.
     pub(crate) cdc: bool,
@@ -178,8 +185,8 @@ pub(crate) struct PlanSpec {
 /// The faults of `spec` at instants drawn from `seed`, in time order.
 ///
 /// Kills, pauses and connection terminations fall at random instants of the window;
-/// restarts are spread evenly over its middle (a restart in the last instants would test
-/// only the drain), each at a random point of its own slice.
+/// restarts and failovers are spread evenly over its middle (one in the last instants
+/// would test only the drain), each at a random point of its own slice.
 ///
 /// With log-tailing relays (`spec.cdc`) a fault that strikes a relay strikes the
 /// [`Role::Reader`] or a [`Role::Standby`] (one chance in `relays` for the reader,
@@ -262,6 +269,10 @@ pub(crate) fn plan(spec: &PlanSpec, seed: u64) -> Vec<(Duration, Fault)> {
                 Fault::RestartPostgres,
                 spec.postgres_restarts as usize,
             ))
+            .chain(std::iter::repeat_n(
+                Fault::Failover,
+                spec.failovers as usize,
+            ))
             .collect();
     rng.shuffle(&mut restarts);
     // Restarts fall in the middle 80 % of the window, one per slice.
@@ -294,6 +305,7 @@ mod tests {
             broker_link: true,
             broker_restarts: 2,
             postgres_restarts: 1,
+            failovers: 1,
             cdc: false,
         }
     }
@@ -307,7 +319,7 @@ mod tests {
             "the same seed, the same plan"
         );
         assert_ne!(plan, super::plan(&spec(), 8));
-        assert_eq!(plan.len(), 50 + 4 + 3 + 12 + 2 + 1);
+        assert_eq!(plan.len(), 50 + 4 + 3 + 12 + 2 + 1 + 1);
         assert!(plan.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
         assert!(plan.iter().all(|(at, _)| *at < Duration::from_secs(100)));
         let count = |kind: &str| plan.iter().filter(|(_, f)| f.kind() == kind).count();
@@ -317,6 +329,7 @@ mod tests {
         assert_eq!(count("terminate_relay_connections"), 3);
         assert_eq!(count("restart_broker"), 2);
         assert_eq!(count("restart_postgres"), 1);
+        assert_eq!(count("failover_postgres"), 1);
         for trouble in ["cut", "stall", "slow"] {
             let database = count(&format!("{trouble}_database"));
             let broker = count(&format!("{trouble}_broker"));
@@ -345,7 +358,7 @@ mod tests {
         let plan = plan(&spec, 7);
         assert_eq!(
             plan.len(),
-            50 + 4 + 3 + 12 + 2 + 1,
+            50 + 4 + 3 + 12 + 2 + 1 + 1,
             "as many faults as asked"
         );
         let count = |kind: &str| plan.iter().filter(|(_, f)| f.kind() == kind).count();
@@ -408,20 +421,25 @@ mod tests {
         let plan = plan(&spec(), 42);
         let restarts: Vec<Duration> = plan
             .iter()
-            .filter(|(_, f)| matches!(f, Fault::RestartBroker | Fault::RestartPostgres))
+            .filter(|(_, f)| {
+                matches!(
+                    f,
+                    Fault::RestartBroker | Fault::RestartPostgres | Fault::Failover
+                )
+            })
             .map(|(at, _)| *at)
             .collect();
-        assert_eq!(restarts.len(), 3);
+        assert_eq!(restarts.len(), 4);
         assert!(
             restarts
                 .iter()
                 .all(|at| *at >= Duration::from_secs(10) && *at < Duration::from_secs(90))
         );
-        // One per slice of the middle: never two in the same third.
+        // One per slice of the middle: never two in the same quarter.
         let slices: Vec<u64> = restarts
             .iter()
-            .map(|at| (at.as_secs() - 10) * 3 / 80)
+            .map(|at| (at.as_millis() as u64 - 10_000) * 4 / 80_000)
             .collect();
-        assert_eq!(slices, [0, 1, 2]);
+        assert_eq!(slices, [0, 1, 2, 3]);
     }
 }

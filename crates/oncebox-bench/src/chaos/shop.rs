@@ -2,6 +2,8 @@
 //! payment service's handler (in each `oncebox-bench chaos-payments` process), with the
 //! tables they share in the run's schema.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -248,4 +250,45 @@ pub(crate) async fn charged(store: &PgStore) -> anyhow::Result<u64> {
     .fetch_one(store.pool())
     .await?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Order writers, each owning a share of the customers.
+const WRITERS: u32 = 8;
+
+/// The order service: `orders` orders spread over `customers` customers, order `i` due
+/// at `i / rate` seconds; writer `w` places the orders of the customers `c` with
+/// `c % WRITERS == w`, one at a time, so each customer's orders commit in order. Returns
+/// the WAL position read once the last order committed.
+pub(crate) async fn place_orders(
+    store: PgStore,
+    outbox: EventOutbox,
+    orders: u64,
+    customers: u32,
+    rate: u32,
+    placed: Arc<AtomicU64>,
+    retries: Arc<AtomicU64>,
+) -> String {
+    let start = tokio::time::Instant::now();
+    let mut writers = tokio::task::JoinSet::new();
+    for writer in 0..WRITERS {
+        let (store, outbox) = (store.clone(), outbox.clone());
+        let (placed, retries) = (Arc::clone(&placed), Arc::clone(&retries));
+        writers.spawn(async move {
+            for i in 0..orders {
+                let customer = u32::try_from(i % u64::from(customers)).unwrap_or(0);
+                if customer % WRITERS != writer {
+                    continue;
+                }
+                let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+                tokio::time::sleep_until(due).await;
+                let seq = i64::try_from(i / u64::from(customers)).unwrap_or(i64::MAX) + 1;
+                let order = OrderPlaced::new(customer, seq);
+                let failed = place(&store, &outbox, &order).await;
+                retries.fetch_add(failed, Ordering::Relaxed);
+                placed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while writers.join_next().await.is_some() {}
+    super::cdc::wal_position(&store).await
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use oncebox::postgres::PgStore;
 
+use super::failover::MovingAddress;
 use super::fleet::{self, Fleet};
 use super::plan::{Fault, Role};
 use super::{ChaosArgs, READER_WAIT, cdc};
@@ -25,6 +26,8 @@ pub(crate) struct Striker<'a> {
     pub(crate) struck: BTreeMap<&'static str, u64>,
     /// Walsenders terminated.
     pub(crate) walsenders_terminated: u64,
+    /// With `--failover`: the database's address, which the failover moves.
+    pub(crate) database: Option<&'a MovingAddress>,
 }
 
 impl Striker<'_> {
@@ -123,13 +126,23 @@ impl Striker<'_> {
             } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
             Fault::RestartBroker => restart(self.args.restart_broker.as_deref()).await,
             Fault::RestartPostgres => restart(self.args.restart_postgres.as_deref()).await,
+            Fault::Failover => {
+                let (Some(address), Some(command)) = (self.database, &self.args.failover) else {
+                    anyhow::bail!("a failover was planned without --failover");
+                };
+                address.fail_over(command).await
+            }
         }
     }
 }
 
-/// Runs a restart command with `sh -c`.
+/// Runs a restart command.
 async fn restart(command: Option<&str>) -> anyhow::Result<()> {
-    let command = command.context("a restart was planned without its command")?;
+    run_command(command.context("a restart was planned without its command")?).await
+}
+
+/// Runs `command` with `sh -c`; its output other than errors is not shown.
+pub(crate) async fn run_command(command: &str) -> anyhow::Result<()> {
     let status = tokio::process::Command::new("sh")
         .args(["-c", command])
         .stdout(std::process::Stdio::null())
