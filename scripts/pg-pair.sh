@@ -2,7 +2,9 @@
 # A PostgreSQL primary and its streaming standby, as local processes with their own
 # ports and data directories, and the failover between them.
 #
-#   scripts/pg-pair.sh create DIR PRIMARY_PORT STANDBY_PORT sync|async
+#   scripts/pg-pair.sh create DIR PRIMARY_PORT STANDBY_PORT sync|async [UPSTREAM_PORT]
+#                                       UPSTREAM_PORT: where the standby streams from, a
+#                                       proxy to the primary (default: the primary)
 #   scripts/pg-pair.sh failover DIR     the primary killed (`pg_ctl stop -m immediate`),
 #                                       the standby promoted; prints its port
 #   scripts/pg-pair.sh destroy DIR      both stopped, DIR removed
@@ -68,7 +70,7 @@ standby_streaming() {
 promoted() { [ "$(psql_at "$1" -c 'SELECT pg_is_in_recovery()')" = f ]; }
 
 create() {
-  local dir=$1 primary_port=$2 standby_port=$3 mode=$4
+  local dir=$1 primary_port=$2 standby_port=$3 mode=$4 upstream_port=${5:-$2}
   case "$mode" in sync | async) ;; *) log "mode: sync or async, not $mode"; exit 2 ;; esac
   if [ -e "$dir/primary" ]; then
     log "$dir already holds a pair: destroy it first"
@@ -105,7 +107,7 @@ EOF
   # promoted it has none, and a primary waiting for one would hold every commit.
   cat >>"$dir/standby/postgresql.auto.conf" <<EOF
 port = $standby_port
-primary_conninfo = 'host=127.0.0.1 port=$primary_port user=postgres application_name=standby'
+primary_conninfo = 'host=127.0.0.1 port=$upstream_port user=postgres application_name=standby'
 synchronous_standby_names = ''
 EOF
   as_owner touch "$dir/standby/standby.signal"
@@ -135,8 +137,8 @@ destroy() {
 }
 
 case "${1:-}" in
-  create) create "${2:?DIR}" "${3:?PRIMARY_PORT}" "${4:?STANDBY_PORT}" "${5:?sync or async}" ;;
+  create) create "${2:?DIR}" "${3:?PRIMARY_PORT}" "${4:?STANDBY_PORT}" "${5:?sync or async}" "${6:-}" ;;
   failover) failover "${2:?DIR}" ;;
   destroy) destroy "${2:?DIR}" ;;
-  *) log "usage: $0 create DIR PRIMARY_PORT STANDBY_PORT sync|async | failover DIR | destroy DIR"; exit 2 ;;
+  *) log "usage: $0 create DIR PRIMARY_PORT STANDBY_PORT sync|async [UPSTREAM_PORT] | failover DIR | destroy DIR"; exit 2 ;;
 esac

@@ -57,28 +57,40 @@ impl Drop for PostgresUp {
     }
 }
 
-fn chaos(args: &[&str]) -> Value {
+/// Runs `oncebox-bench chaos` with `args` and returns its report and whether it passed.
+fn run_chaos(args: &[&str]) -> (Value, bool) {
+    run_chaos_while(args, || {})
+}
+
+/// [`run_chaos`], calling `meanwhile` once the run started.
+fn run_chaos_while(args: &[&str], meanwhile: impl FnOnce()) -> (Value, bool) {
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _postgres_up = PostgresUp;
-    let out = Command::new(env!("CARGO_BIN_EXE_oncebox-bench"))
+    let run = Command::new(env!("CARGO_BIN_EXE_oncebox-bench"))
         .arg("chaos")
         .args(args)
         .arg("--json")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("the oncebox-bench binary runs");
+    meanwhile();
+    let out = run.wait_with_output().expect("the run ends");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "no JSON report ({e}); stderr: {}",
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    assert!(
-        out.status.success() && report["passed"] == true,
-        "the chaos run failed: {report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let passed = out.status.success() && report["passed"] == true;
+    (report, passed)
+}
+
+fn chaos(args: &[&str]) -> Value {
+    let (report, passed) = run_chaos(args);
+    assert!(passed, "the chaos run failed: {report}");
     report
 }
 
@@ -99,6 +111,7 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
     assert_eq!(count(report, "published", "orders"), orders, "{report}");
     assert_eq!(count(report, "published", "missing"), 0, "{report}");
     assert_eq!(count(report, "published", "out_of_order"), 0, "{report}");
+    assert_eq!(count(report, "published", "never_committed"), 0, "{report}");
     let fault = |kind: &str| report["faults"][kind].as_u64().unwrap_or(0);
     for (kind, n) in faults {
         let injected = match *kind {
@@ -119,6 +132,10 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
 /// the relays' connections, two cuts, stalls and slowdowns of one process's link, plus
 /// `extra` flags.
 fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
+    chaos(&short_run_args(broker, seed, extra))
+}
+
+fn short_run_args<'a>(broker: &'a str, seed: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--broker-url",
         broker,
@@ -142,7 +159,7 @@ fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
         seed,
     ];
     args.extend_from_slice(extra);
-    chaos(&args)
+    args
 }
 
 #[test]
@@ -330,4 +347,76 @@ fn a_synchronous_postgres_failover_loses_no_order_and_charges_none_twice() {
             ("failover_postgres", 1),
         ],
     );
+}
+
+/// The same failover with an asynchronous standby cut off from its primary once the
+/// run's tables reached it (its replication link stalled: a partition between zones),
+/// so the primary dies with every order placed until then unsent. Nothing on oncebox's side can
+/// keep them; the campaign must not hide it. The run fails, and its audit counts what a user of
+/// asynchronous replication risks: orders whose commit returned success and that the new
+/// primary does not have, orders published that it does not have, deliveries
+/// acknowledged whose charge vanished with the old primary.
+#[test]
+fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit_says_so() {
+    use oncebox_testkit::pg_pair::{PgPair, Replication};
+
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let pair = runtime
+        .block_on(PgPair::start(Replication::Asynchronous))
+        .expect("a primary with an asynchronous standby");
+    let (primary, standby, failover) = (
+        pair.primary_url(),
+        pair.standby_url(),
+        pair.failover_command(),
+    );
+    // The failover alone: no other fault muddles the count.
+    let mut args = vec!["--broker-url", "nats://127.0.0.1:4222", "--orders", "3000"];
+    args.extend_from_slice(&["--rate", "300", "--seed", "62"]);
+    for none in [
+        "--kills",
+        "--pauses",
+        "--terminations",
+        "--cuts",
+        "--stalls",
+    ] {
+        args.extend_from_slice(&[none, "0"]);
+    }
+    args.extend_from_slice(&["--slowdowns", "0", "--database-url", &primary]);
+    args.extend_from_slice(&["--standby-url", &standby, "--failover", &failover]);
+    // Lost orders are never charged: the drain gives up on them after 10 s.
+    args.extend_from_slice(&["--drain-timeout", "10s"]);
+    let (report, passed) = run_chaos_while(&args, || {
+        // The run's tables on the standby (the last one the run makes), then the link
+        // stalls: the orders from now on stay on the primary.
+        let tables = "SELECT count(*) FROM pg_tables WHERE tablename = 'charge_progress'";
+        for _ in 0..600 {
+            let out = Command::new("psql")
+                .args([standby.as_str(), "-XAtc", tables])
+                .output()
+                .expect("psql runs");
+            if String::from_utf8_lossy(&out.stdout).trim() == "1" {
+                pair.replication_link().stall();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the run's tables never reached the standby");
+    });
+    let committed = count(&report, "ledger", "committed");
+    eprintln!(
+        "asynchronous failover: {} of 3000 acknowledged orders lost · {} published, never committed · {} committed, never charged · {} charged once",
+        3000 - committed,
+        count(&report, "published", "never_committed"),
+        count(&report, "ledger", "never_charged"),
+        count(&report, "ledger", "charged_once"),
+    );
+    assert!(
+        committed < 3000,
+        "the lagging standby lacked the last commits: {report}"
+    );
+    assert!(
+        !passed,
+        "a run that lost acknowledged orders fails: {report}"
+    );
+    assert_eq!(count(&report, "ledger", "charged_twice"), 0, "{report}");
 }

@@ -139,6 +139,53 @@ fn an_unreachable_store_is_named() {
     refused(dir.path(), &config, &[], "store.url: cannot connect");
 }
 
+/// A database unreachable for a moment at start (a failover in progress, a restart) is
+/// waited for: `oncebox migrate` through an address that refuses connections for 1.5 s
+/// succeeds once it answers, within `store.connect_timeout`.
+#[test]
+fn a_store_back_within_the_connect_timeout_is_waited_for() {
+    use oncebox_testkit::proxy::Proxy;
+
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let server = support::address(&support::pg_url(), 5432);
+    let address = runtime.block_on(Proxy::start(server)).expect("a proxy");
+    address.cut();
+    let dir = tempfile::tempdir().expect("a directory");
+    let schema = support::unique("wait_store");
+    let toml = format!(
+        "[store]\nurl = \"{}\"\nschema = \"{schema}\"\nconnect_timeout = \"20s\"\n\n[broker]\nurl = \"redis://127.0.0.1:6379\"\n",
+        support::through(&support::pg_url(), address.port())
+    );
+    let config = write_config(dir.path(), "oncebox.toml", &toml);
+    let started = std::time::Instant::now();
+    let migrate = std::thread::spawn({
+        let config = config.clone();
+        move || {
+            support::oncebox()
+                .arg("--config")
+                .arg(&config)
+                .arg("migrate")
+                .output()
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    address.restore();
+    let out = migrate
+        .join()
+        .expect("joined")
+        .expect("the oncebox binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "migrated once the database answered: {stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "not the whole timeout: {stderr}"
+    );
+    support::psql(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+}
+
 fn config_on_missing_sqlite(dir: &Path) -> std::path::PathBuf {
     config(dir, "redis://127.0.0.1:6379", "")
 }

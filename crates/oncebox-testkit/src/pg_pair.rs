@@ -1,6 +1,8 @@
 //! A PostgreSQL primary with a streaming standby of its own, for failover tests: two
 //! local server processes made by the project's `scripts/pg-pair.sh` (with `initdb` and
-//! `pg_basebackup`), on free ports, in a directory of their own, removed on drop.
+//! `pg_basebackup`), on free ports, in a directory of their own, removed on drop. The
+//! standby streams through a [`Proxy`] of the pair's, which a test slows to make it lag
+//! (a standby in another zone) or cuts.
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
@@ -19,6 +21,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::proxy::Proxy;
 
 /// How the primary's commits reach the standby.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +50,7 @@ pub struct PgPair {
     dir: PathBuf,
     primary: u16,
     standby: u16,
+    link: Proxy,
 }
 
 /// The script that makes and fails over a pair.
@@ -62,15 +67,18 @@ impl PgPair {
     /// the error holds what it printed.
     pub async fn start(replication: Replication) -> io::Result<Self> {
         let [primary, standby] = [free_port()?, free_port()?];
+        let link = Proxy::start(format!("127.0.0.1:{primary}")).await?;
         let dir = std::env::temp_dir().join(format!(
             "oncebox-pg-pair-{}-{:x}",
             std::process::id(),
             fastrand::u64(..)
         ));
+        let upstream = link.port().to_string();
         let pair = Self {
             dir,
             primary,
             standby,
+            link,
         };
         let (dir, mode) = (pair.dir.clone(), replication.argument());
         run(&[
@@ -79,6 +87,7 @@ impl PgPair {
             &primary.to_string(),
             &standby.to_string(),
             mode,
+            &upstream,
         ])
         .await?;
         Ok(pair)
@@ -92,6 +101,13 @@ impl PgPair {
     /// `host:port` of the standby (the primary after [`fail_over`](Self::fail_over)).
     pub fn standby_address(&self) -> String {
         format!("127.0.0.1:{}", self.standby)
+    }
+
+    /// The standby's replication connection to the primary: slowed, the standby lags
+    /// behind (with synchronous replication, every commit waits for it); cut, it stops
+    /// receiving until restored.
+    pub fn replication_link(&self) -> &Proxy {
+        &self.link
     }
 
     /// The URL of database `postgres` on the primary.

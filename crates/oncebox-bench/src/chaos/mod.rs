@@ -527,7 +527,8 @@ async fn run_in(
     // restarts, and a Redis connection reports the first command after one as failed.
     drop(broker);
     let broker = Broker::connect(&config).await?;
-    let published = read_back(&broker, &topic, &audit_group, &ledger).await?;
+    let committed = shop::committed_ids(store).await?;
+    let published = read_back(&broker, &topic, &audit_group, &committed).await?;
     let mut report = ChaosReport {
         passed: false,
         seed,

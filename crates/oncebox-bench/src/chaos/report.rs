@@ -55,6 +55,9 @@ pub(crate) struct Published {
     pub(crate) out_of_order: u64,
     /// Messages on the topic that are not orders.
     pub(crate) unreadable: u64,
+    /// Orders published that the database does not have: their transaction was lost
+    /// in a failover to a standby that never received it.
+    pub(crate) never_committed: u64,
 }
 
 impl ChaosReport {
@@ -73,6 +76,10 @@ impl ChaosReport {
         check(l.phantom_charges, "charges of orders never committed");
         check(p.missing, "committed orders missing from the broker");
         check(p.unreadable, "messages on the topic that are not orders");
+        check(
+            p.never_committed,
+            "orders published that the database does not have",
+        );
         check(
             p.out_of_order,
             "orders published before an earlier order of their customer",
@@ -124,8 +131,8 @@ pub(crate) fn print(report: &ChaosReport) {
         l.charged_out_of_order
     );
     println!(
-        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders",
-        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable
+        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders · {} never committed",
+        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable, p.never_committed
     );
     if let Some(s) = &report.slot {
         let confirmed = s.confirmed_lsn.as_deref().unwrap_or("gone");

@@ -241,6 +241,20 @@ pub(crate) async fn ledger(store: &PgStore) -> anyhow::Result<Ledger> {
     })
 }
 
+/// The ids of the committed orders, for the audit of the broker's log.
+pub(crate) async fn committed_ids(
+    store: &PgStore,
+) -> anyhow::Result<std::collections::HashSet<String>> {
+    let schema = store.schema();
+    let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        r#"SELECT id FROM "{schema}".orders"#
+    )))
+    .fetch_all(store.pool())
+    .await
+    .context("reading the committed orders")?;
+    Ok(ids.into_iter().collect())
+}
+
 /// Orders charged at least once, to follow the drain.
 pub(crate) async fn charged(store: &PgStore) -> anyhow::Result<u64> {
     let schema = store.schema();

@@ -45,8 +45,10 @@ pub enum Database {
 
 impl Database {
     /// Connects to `store.url` with `store.password`. A database that cannot be reached
-    /// is a configuration error (exit status 2), named by its URL; so is a SQLite file
-    /// that does not exist (a relay on a new empty file would wait on it forever).
+    /// within `store.connect_timeout` (an outage is tried again meanwhile: a restart or
+    /// a failover in progress) is a configuration error (exit status 2), named by its
+    /// URL; so is a SQLite file that does not exist (a relay on a new empty file would
+    /// wait on it forever).
     ///
     /// # Errors
     ///
@@ -76,7 +78,7 @@ impl Database {
             StoreKind::Sqlite => {
                 let options = SqliteStore::default_connect_options(url.sqlite_path())
                     .create_if_missing(create);
-                let pool = pool(config, options)
+                let pool = pool(config, options, false)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 Ok(Self::Sqlite(SqliteStore::from_pool(pool)))
@@ -87,7 +89,7 @@ impl Database {
                 if let Some(password) = password {
                     options = options.password(password);
                 }
-                let pool = pool(config, options)
+                let pool = pool(config, options, true)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 let store = PgStore::from_pool(pool)
@@ -103,7 +105,7 @@ impl Database {
                 if let Some(password) = password {
                     options = options.password(password);
                 }
-                let pool = pool(config, options)
+                let pool = pool(config, options, true)
                     .await
                     .map_err(|error| unreachable(&error))?;
                 Ok(Self::Mysql(oncebox::mysql::MySqlStore::from_pool(pool)))
@@ -226,16 +228,40 @@ impl Database {
 /// A pool of `store.pool_size` connections made with `options`, waiting at most
 /// `store.connect_timeout` for one. No ping before each checkout: a connection that died
 /// fails its statement, which the engines retry.
+/// Opens a pool with its first connection. With `wait_for_server` (a database server,
+/// not a file), a server that cannot be reached yet — the connection refused or reset,
+/// the server starting up or in recovery: an outage, as while a database restarts or
+/// fails over to its standby — is tried again every 250 ms until `store.connect_timeout`
+/// has passed; other errors (a wrong password, an unknown database) fail at once.
 async fn pool<DB: sqlx::Database>(
     config: &Config,
     options: <DB::Connection as sqlx::Connection>::Options,
-) -> std::result::Result<sqlx::Pool<DB>, sqlx::Error> {
-    sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(config.store.pool_size)
-        .acquire_timeout(config.store.connect_timeout.get())
-        .test_before_acquire(false)
-        .connect_with(options)
-        .await
+    wait_for_server: bool,
+) -> std::result::Result<sqlx::Pool<DB>, oncebox::Error> {
+    let timeout = config.store.connect_timeout.get();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut said = false;
+    loop {
+        let opened = sqlx::pool::PoolOptions::<DB>::new()
+            .max_connections(config.store.pool_size)
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .connect_with(options.clone())
+            .await;
+        match opened.map_err(oncebox::Error::from) {
+            Err(error)
+                if wait_for_server
+                    && error.is_outage()
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(%error, ?timeout, "the database cannot be reached yet; trying again for up to store.connect_timeout");
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            opened => return opened,
+        }
+    }
 }
 
 fn debezium_layout(config: &Config) -> DebeziumLayout {
