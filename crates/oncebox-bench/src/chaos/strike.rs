@@ -121,17 +121,24 @@ impl Striker<'_> {
                 trouble,
                 millis,
             } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
-            Fault::RestartBroker => restart(self.args.restart_broker.as_deref()).await,
-            Fault::RestartPostgres => restart(self.args.restart_postgres.as_deref()).await,
+            Fault::RestartBroker => {
+                restart(self.args.restart_broker.as_deref(), self.store.schema()).await
+            }
+            Fault::RestartPostgres => {
+                restart(self.args.restart_postgres.as_deref(), self.store.schema()).await
+            }
         }
     }
 }
 
-/// Runs a restart command with `sh -c`.
-async fn restart(command: Option<&str>) -> anyhow::Result<()> {
+/// Runs a restart command with `sh -c`, with `ONCEBOX_STREAM` set to the run's NATS
+/// stream (named after its schema), whose leader `scripts/services.sh restart
+/// nats-cluster` kills.
+async fn restart(command: Option<&str>, stream: &str) -> anyhow::Result<()> {
     let command = command.context("a restart was planned without its command")?;
     let status = tokio::process::Command::new("sh")
         .args(["-c", command])
+        .env("ONCEBOX_STREAM", stream)
         .stdout(std::process::Stdio::null())
         .status()
         .await
