@@ -3,7 +3,9 @@
 # which the tests start themselves).
 #
 #   scripts/services.sh NAME...
-#   scripts/services.sh restart NAME     (postgres, nats, rabbitmq: for `oncebox-bench chaos`)
+#   scripts/services.sh restart NAME     (postgres, nats, nats-cluster, rabbitmq, redis: for
+#                                         `oncebox-bench chaos`; nats-cluster kills the node
+#                                         leading stream $ONCEBOX_STREAM, see below)
 #   scripts/services.sh postgres-pair [async]
 #                                         a PostgreSQL primary (127.0.0.1:5433) with a
 #                                         synchronous (or asynchronous) streaming standby
@@ -31,6 +33,12 @@ wait_for() {
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# running PID: whether the process runs (a zombie does not).
+running() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${state#Z}" = "$state" ]
+}
 
 apt_install() {
   if [ -z "${APT_UPDATED:-}" ]; then
@@ -87,13 +95,138 @@ ensure_rabbitmq() {
   wait_for 127.0.0.1 5672 RabbitMQ
 }
 
+# The single server on 4222. Its start and its restart go by its pid file and its port,
+# not by the binary's name, which the nodes of nats-cluster share.
 ensure_nats() {
   port_open 4222 && return 0
   command -v nats-server >/dev/null || apt_install nats-server
   mkdir -p /var/lib/nats-server
-  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+  start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /run/nats-server-4222.pid \
+    --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   wait_for 127.0.0.1 4222 NATS
+}
+
+# Stops the nats-server that listens on 4222 (SIGTERM, SIGKILL after 10 s), however it
+# was started.
+stop_nats() {
+  local pid
+  pid=$(ss -Htlnp 'sport = :4222' | grep -o 'pid=[0-9]*' | head -n1 | cut -d= -f2)
+  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /usr/sbin/nats-server ] || return 0
+  kill -TERM "$pid"
+  for _ in $(seq 1 100); do running "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do running "$pid" || return 0; sleep 0.1; done
+}
+
+# nats-cluster: three clustered nats-server processes with JetStream, for replicated
+# (R3) streams: node N (1-3) takes clients on 425N, routes on 625N and monitoring on
+# 825N, and keeps its data in $NATS_CLUSTER/nN. Each is found by the pid file it was
+# started with, never by name: the single server on 4222 runs the same binary.
+NATS_CLUSTER=/var/lib/oncebox/nats-cluster
+
+nats_node_start() {
+  local n=$1 dir=$NATS_CLUSTER/n$1 routes="" m
+  for m in 1 2 3; do
+    [ "$m" = "$n" ] || routes="$routes${routes:+,}nats://127.0.0.1:625$m"
+  done
+  mkdir -p "$dir"
+  start-stop-daemon --start --oknodo --background --make-pidfile --pidfile "$dir.pid" \
+    --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p "425$n" -n "n$n" -m "825$n" \
+    -js -sd "$dir" --cluster_name oncebox --cluster "nats://127.0.0.1:625$n" \
+    --routes "$routes" -l "$NATS_CLUSTER/n$n.log"
+}
+
+# nats_jsz N QUERY: node N's /jsz, or nothing when it does not answer.
+nats_jsz() { curl -fsS --max-time 2 "http://127.0.0.1:825$1/jsz?$2" 2>/dev/null || true; }
+
+# The meta leader's node name (n1-n3) as node N sees it, or nothing.
+nats_meta_leader() {
+  nats_jsz "$1" "" | python3 -c 'import json, sys
+try: print(json.load(sys.stdin)["meta_cluster"]["leader"])
+except Exception: pass'
+}
+
+# The node name (n1-n3) leading stream $1 as node N ($2) sees it, or nothing.
+nats_stream_leader() {
+  nats_jsz "$2" "streams=true" | python3 -c 'import json, sys
+try:
+    for account in json.load(sys.stdin).get("account_details") or []:
+        for stream in account.get("stream_detail") or []:
+            if stream["name"] == sys.argv[1] and stream.get("cluster", {}).get("leader"):
+                print(stream["cluster"]["leader"]); sys.exit()
+except (ValueError, KeyError): pass' "$1"
+}
+
+# Waits up to 60 s until node N reports itself healthy (JetStream caught up).
+nats_node_healthy() {
+  for _ in $(seq 1 120); do
+    curl -fsS --max-time 2 "http://127.0.0.1:825$1/healthz" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  log "NATS cluster node n$1 is not healthy after 60 s (see $NATS_CLUSTER/n$1.log)"
+  return 1
+}
+
+ensure_nats_cluster() {
+  local n leader
+  command -v nats-server >/dev/null || apt_install nats-server
+  command -v curl >/dev/null || apt_install curl
+  for n in 1 2 3; do
+    port_open "425$n" || nats_node_start "$n"
+  done
+  for n in 1 2 3; do
+    wait_for 127.0.0.1 "425$n" "NATS cluster node n$n"
+  done
+  for _ in $(seq 1 120); do
+    leader=$(nats_meta_leader 1)
+    if [ -n "$leader" ]; then
+      for n in 1 2 3; do nats_node_healthy "$n"; done
+      log "NATS cluster is up on 127.0.0.1:4251-4253 (JetStream meta leader $leader)"
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "the NATS cluster elected no JetStream meta leader within 60 s"
+  return 1
+}
+
+# Restarts the node that leads stream $ONCEBOX_STREAM (the JetStream meta leader when it
+# is unset): SIGKILL, 2 s down, started again on the same data, and waits until it
+# answers and has caught up. Says which node it killed on stderr.
+restart_nats_cluster() {
+  local n seen node="" pid
+  # The node that says it leads: another's view may be stale for a moment after an
+  # election.
+  for _ in $(seq 1 20); do
+    for n in 1 2 3; do
+      if [ -n "${ONCEBOX_STREAM:-}" ]; then
+        seen=$(nats_stream_leader "$ONCEBOX_STREAM" "$n")
+      else
+        seen=$(nats_meta_leader "$n")
+      fi
+      [ "$seen" = "n$n" ] && node=$n && break 2
+    done
+    sleep 0.5
+  done
+  if [ -z "$node" ]; then
+    log "no node of the NATS cluster leads ${ONCEBOX_STREAM:-the JetStream meta group}"
+    return 1
+  fi
+  pid=$(cat "$NATS_CLUSTER/n$node.pid")
+  # The pid file may be stale: kill only the nats-server it names.
+  if ! running "$pid" || [ "$(readlink "/proc/$pid/exe")" != /usr/sbin/nats-server ]; then
+    log "NATS cluster node n$node is not running (pid file $NATS_CLUSTER/n$node.pid)"
+    return 1
+  fi
+  kill -KILL "$pid"
+  for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
+  log "killed NATS cluster node n$node (pid $pid), leader of ${ONCEBOX_STREAM:-the JetStream meta group}"
+  sleep 2
+  nats_node_start "$node"
+  wait_for 127.0.0.1 "425$node" "NATS cluster node n$node"
+  # Caught up before the next restart can strike: two nodes behind would leave no quorum.
+  nats_node_healthy "$node"
 }
 
 # Kafka: no Kafka broker comes with the machine, so the tests run against tansu, a
@@ -164,8 +297,9 @@ restart() {
       pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart -m fast
       wait_for 127.0.0.1 5432 PostgreSQL ;;
     nats)
-      start-stop-daemon --stop --oknodo --retry 10 --exec /usr/sbin/nats-server >/dev/null
+      stop_nats
       ensure_nats ;;
+    nats-cluster) restart_nats_cluster ;;
     rabbitmq)
       rabbitmqctl -q stop_app && rabbitmqctl -q start_app
       wait_for 127.0.0.1 5672 RabbitMQ ;;
@@ -210,6 +344,7 @@ for service in "$@"; do
     redis) ensure_redis ;;
     rabbitmq) ensure_rabbitmq ;;
     nats) ensure_nats ;;
+    nats-cluster) ensure_nats_cluster ;;
     kafka) ensure_kafka ;;
     browser) ensure_browser ;;
     *) log "unknown service: $service"; exit 2 ;;

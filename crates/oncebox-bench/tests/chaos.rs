@@ -5,7 +5,9 @@
 //! find every order charged exactly once and published in order. Then the same with
 //! log-tailing relays, from logical decoding messages (with a PostgreSQL restart) and
 //! from the outbox table's inserts: the reader and standbys killed, the reader paused,
-//! the walsender terminated, a link cut; the slot must also pass the last order.
+//! the walsender terminated, a link cut; the slot must also pass the last order. And a
+//! run on a three-node NATS cluster (`scripts/services.sh nats-cluster`) whose stream,
+//! kept on all three, loses its leader node twice.
 //!
 //! The restarts go through `scripts/services.sh restart`, and stop the shared services
 //! for a second or two (Redis writes a snapshot at shutdown and loads it again): this
@@ -419,4 +421,41 @@ fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit
         "a run that lost acknowledged orders fails: {report}"
     );
     assert_eq!(count(&report, "ledger", "charged_twice"), 0, "{report}");
+}
+
+/// The seeds of the local three-node NATS cluster (`scripts/services.sh nats-cluster`).
+const NATS_CLUSTER: &str = "nats://127.0.0.1:4251,nats://127.0.0.1:4252,nats://127.0.0.1:4253";
+
+/// A three-node NATS cluster with the run's stream on all three (R3): the node leading
+/// the stream is killed (SIGKILL) and started again twice, on top of the short run's
+/// kills, pause, termination and link faults (each process reaches every seed through
+/// proxies of its own).
+#[test]
+fn a_nats_cluster_survives_its_stream_leader_killed_twice() {
+    let restart_leader = format!("{} restart nats-cluster", services());
+    let report = short_run(
+        NATS_CLUSTER,
+        "51",
+        &[
+            "--stream-replicas",
+            "3",
+            "--restart-broker",
+            &restart_leader,
+            "--broker-restarts",
+            "2",
+        ],
+    );
+    assert_eq!(report["broker"], "nats", "{report}");
+    check(
+        &report,
+        3000,
+        &[
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+            ("restart_broker", 2),
+        ],
+    );
 }

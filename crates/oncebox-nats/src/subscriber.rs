@@ -250,10 +250,20 @@ impl JetStreamSubscriber {
                     source: error.into(),
                 })
             }
+            // The pull request is gone, or was never made: lost with the node that led
+            // the consumer (or sent before any node led a new one), answered by no one,
+            // or not sent. The client's stream would ask again only when the request
+            // expires (35 s) or the connection comes back: the next call opens a new
+            // one. Nothing is left in the stream to lose (no heartbeat came, so no
+            // message either); whatever the server delivers to the old one meanwhile
+            // is delivered again after the ack wait.
             MessagesErrorKind::MissingHeartbeat
             | MessagesErrorKind::NoResponders
-            | MessagesErrorKind::Pull
-            | MessagesErrorKind::Other => client(operation, error),
+            | MessagesErrorKind::Pull => {
+                self.messages = None;
+                client(operation, error)
+            }
+            MessagesErrorKind::Other => client(operation, error),
         }
     }
 
@@ -379,10 +389,12 @@ impl Subscriber for JetStreamSubscriber {
     ///
     /// # Errors
     ///
-    /// Transient transport errors while the server is unreachable (two heartbeats
-    /// missed) or when a dead letter of the subscriber's own could not be stored; the
-    /// next call goes on (after a reconnection the client renews the pull request; a
-    /// deleted consumer is re-created). Permanent ones when the consumer is not a pull
+    /// Transient transport errors while the server is unreachable or the pull request
+    /// is lost (two heartbeats missed: in a cluster, the node leading the consumer died
+    /// or the request reached a new consumer before any node led it) or when a dead
+    /// letter of the subscriber's own could not be stored; the next call goes on (with a
+    /// new pull request after missed heartbeats; after a reconnection the client renews
+    /// the request; a deleted consumer is re-created). Permanent ones when the consumer is not a pull
     /// consumer or refuses the pull request's size.
     ///
     /// # Cancel safety

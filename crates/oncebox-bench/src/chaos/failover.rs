@@ -48,7 +48,7 @@ impl MovingAddress {
     /// the address to the standby: connections still open to the old primary drop, new
     /// ones reach the standby.
     pub(crate) async fn fail_over(&self, command: &str) -> anyhow::Result<()> {
-        run_command(command).await?;
+        run_command(command, &[]).await?;
         self.proxy.retarget(self.standby.clone());
         Ok(())
     }

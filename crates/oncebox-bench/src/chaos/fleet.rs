@@ -1,6 +1,13 @@
 //! The relay and payment processes of a chaos run: started, killed, paused, resumed and
 //! started again, each writing its log to a file of its own, each reaching PostgreSQL
 //! and the broker through proxies of its own that cut, stall and slow its connections.
+//!
+//! A NATS cluster's seeds are proxied one by one, and a broker fault strikes them all:
+//! every connection a process makes to a seed goes through its proxies. The servers
+//! tell their clients the other nodes' own addresses too, and a client whose proxied
+//! links are cut may fail over to one of those, unproxied, and stay there until the
+//! process is started again: on a cluster a broker link fault is a forced failover to
+//! another node more than an outage.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,8 +29,9 @@ struct Member {
     /// When a pause ends (SIGCONT is due).
     paused_until: Option<Instant>,
     database: Route,
-    /// None where the broker cannot be proxied (Kafka).
-    broker: Option<Route>,
+    /// One per server of the broker's URL (a NATS cluster's seeds); none where the
+    /// broker cannot be proxied (Kafka).
+    broker: Vec<Route>,
 }
 
 /// A process's way to one service: a proxy, and the URL that goes through it.
@@ -62,7 +70,8 @@ pub(crate) struct Targets {
     pub(crate) relay_store_urls: Vec<String>,
     /// The payment processes' store URL.
     pub(crate) payments_store_url: String,
-    /// The broker's URL without its password, when it can be proxied.
+    /// The broker's URL without its password, when it can be proxied (with NATS, one
+    /// server or a cluster's seeds separated by commas).
     pub(crate) broker_url: Option<String>,
 }
 
@@ -109,11 +118,16 @@ impl Fleet {
             .chain(consumers.map(|(index, url)| (Role::Consumer, index, url)));
         for (role, index, store_url) in members {
             let database = Route::to(store_url).await?;
-            let broker = match &targets.broker_url {
-                Some(url) => Some(Route::to(url).await?),
-                None => None,
-            };
-            let child = fleet.spawn_with(role, index, &database, broker.as_ref())?;
+            let mut broker = Vec::new();
+            for server in targets
+                .broker_url
+                .as_deref()
+                .map(servers)
+                .unwrap_or_default()
+            {
+                broker.push(Route::to(server).await?);
+            }
+            let child = fleet.spawn_with(role, index, &database, &broker)?;
             fleet.members.push(Member {
                 role,
                 index,
@@ -132,7 +146,7 @@ impl Fleet {
             .iter()
             .find(|m| m.role == role && m.index == index)
             .with_context(|| format!("no {} {index}", name(role)))?;
-        self.spawn_with(role, index, &member.database, member.broker.as_ref())
+        self.spawn_with(role, index, &member.database, &member.broker)
     }
 
     fn spawn_with(
@@ -140,7 +154,7 @@ impl Fleet {
         role: Role,
         index: usize,
         database: &Route,
-        broker: Option<&Route>,
+        broker: &[Route],
     ) -> anyhow::Result<Child> {
         let log = self.log(role, index);
         let file = std::fs::OpenOptions::new()
@@ -161,8 +175,9 @@ impl Fleet {
         };
         command.arg("--config").arg(&self.config);
         command.args(["--store-url", &database.url]);
-        if let Some(broker) = broker {
-            command.args(["--broker-url", &broker.url]);
+        if !broker.is_empty() {
+            let urls: Vec<&str> = broker.iter().map(|route| route.url.as_str()).collect();
+            command.args(["--broker-url", &urls.join(",")]);
         }
         command
             .stdin(Stdio::null())
@@ -219,20 +234,22 @@ impl Fleet {
         length: Duration,
     ) -> anyhow::Result<()> {
         let member = self.member(role, index)?;
-        let route = match link {
-            Link::Database => &mut member.database,
-            Link::Broker => member
-                .broker
-                .as_mut()
-                .context("this broker is not reached through a proxy")?,
+        let routes = match link {
+            Link::Database => std::slice::from_mut(&mut member.database),
+            Link::Broker if member.broker.is_empty() => {
+                anyhow::bail!("this broker is not reached through a proxy")
+            }
+            Link::Broker => member.broker.as_mut_slice(),
         };
-        match trouble {
-            Trouble::Cut => route.proxy.cut(),
-            Trouble::Stall => route.proxy.stall(),
-            Trouble::Slow => route.proxy.slow(SLOW_CHUNK),
-        }
         let until = Instant::now() + length;
-        route.restore_at = Some(route.restore_at.map_or(until, |at| at.max(until)));
+        for route in routes {
+            match trouble {
+                Trouble::Cut => route.proxy.cut(),
+                Trouble::Stall => route.proxy.stall(),
+                Trouble::Slow => route.proxy.slow(SLOW_CHUNK),
+            }
+            route.restore_at = Some(route.restore_at.map_or(until, |at| at.max(until)));
+        }
         Ok(())
     }
 
@@ -294,7 +311,17 @@ impl Fleet {
 
 impl Member {
     fn routes(&mut self) -> impl Iterator<Item = &mut Route> {
-        std::iter::once(&mut self.database).chain(self.broker.as_mut())
+        std::iter::once(&mut self.database).chain(self.broker.iter_mut())
+    }
+}
+
+/// The servers of a broker URL: a NATS cluster's seeds, separated by commas, or the one
+/// server of any other.
+fn servers(url: &str) -> Vec<&str> {
+    if url.starts_with("nats://") {
+        url.split(',').map(str::trim).collect()
+    } else {
+        vec![url]
     }
 }
 
@@ -366,7 +393,17 @@ fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{target_of, through};
+    use super::{servers, target_of, through};
+
+    #[test]
+    fn a_nats_cluster_is_proxied_seed_by_seed() {
+        assert_eq!(
+            servers("nats://127.0.0.1:4251,nats://127.0.0.1:4252"),
+            ["nats://127.0.0.1:4251", "nats://127.0.0.1:4252"]
+        );
+        assert_eq!(servers("nats://127.0.0.1:4222"), ["nats://127.0.0.1:4222"]);
+        assert_eq!(servers("redis://h:1/0?a=1,2"), ["redis://h:1/0?a=1,2"]);
+    }
 
     #[test]
     fn a_url_is_pointed_at_its_proxy_and_keeps_the_rest() {

@@ -87,9 +87,13 @@ pub(crate) struct ChaosArgs {
     /// PostgreSQL URL (the run works in a schema of its own and drops it).
     #[arg(long, env = "ONCEBOX_PG_URL", default_value = crate::bench::DEFAULT_PG_URL, hide_env_values = true)]
     database_url: String,
-    /// The broker: nats://…, amqp://…, kafka://HOST:PORT, redis://….
+    /// The broker: nats://…, amqp://…, kafka://HOST:PORT, redis://…. A NATS cluster
+    /// takes its seeds separated by commas (nats://127.0.0.1:4251,nats://127.0.0.1:4252,…).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     broker_url: String,
+    /// NATS: the servers of the cluster that keep the run's stream (3 for an R3 stream).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    stream_replicas: u8,
     /// Orders placed.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     orders: u64,
@@ -261,13 +265,20 @@ fn config_toml(args: &ChaosArgs, schema: &str) -> anyhow::Result<(String, &'stat
     let (broker, isolation) = match scheme {
         "nats" => (
             "nats",
-            format!("subject_prefix = \"{schema}.\"\nstream = \"{schema}\"\n"),
+            format!(
+                "subject_prefix = \"{schema}.\"\nstream = \"{schema}\"\nstream_replicas = {}\n",
+                args.stream_replicas
+            ),
         ),
         "amqp" | "amqps" => ("rabbitmq", format!("exchange = \"{schema}\"\n")),
         "kafka" => ("kafka", String::new()),
         "redis" | "rediss" => ("redis", format!("key_prefix = \"{schema}:\"\n")),
         _ => anyhow::bail!("--broker-url: nats://, amqp://, kafka:// or redis://, not {scheme}://"),
     };
+    anyhow::ensure!(
+        broker == "nats" || args.stream_replicas == 1,
+        "--stream-replicas: a NATS stream's, not {broker}'s"
+    );
     // Each process is given its store URL on its command line (through its proxy, its
     // connections named); this one is for the run's own look at the configuration.
     let store_url = &args.database_url;
@@ -320,8 +331,13 @@ fn named_store_url(url: &str, name: &str) -> String {
 
 /// `text` without its password, and the password (decoded): the services take it as a
 /// setting of their own, never in a URL. The inverse of the oncebox command's
-/// `with_password` (its `config/url.rs`).
+/// `with_password` (its `config/url.rs`). A NATS cluster's seeds (URLs separated by
+/// commas) each lose theirs; the first is the one returned.
 fn split_password(text: &str) -> (String, Option<String>) {
+    if text.starts_with("nats://") && text.contains(',') {
+        let (seeds, passwords): (Vec<_>, Vec<_>) = text.split(',').map(split_password).unzip();
+        return (seeds.join(","), passwords.into_iter().flatten().next());
+    }
     match ::url::Url::parse(text) {
         Ok(mut url) if url.password().is_some() => {
             let password = url.password().map(|p| {
@@ -567,7 +583,48 @@ async fn run_in(
 
 #[cfg(test)]
 mod tests {
-    use super::split_password;
+    use clap::Parser;
+
+    use super::{ChaosArgs, config_toml, split_password};
+
+    #[derive(Parser)]
+    struct Chaos {
+        #[command(flatten)]
+        args: ChaosArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<ChaosArgs, clap::Error> {
+        Chaos::try_parse_from(std::iter::once("chaos").chain(flags.iter().copied()))
+            .map(|chaos| chaos.args)
+    }
+
+    #[test]
+    fn a_nats_cluster_run_lists_its_seeds_and_replicates_its_stream() {
+        let seeds = "nats://127.0.0.1:4251,nats://127.0.0.1:4252,nats://127.0.0.1:4253";
+        let args = parse(&["--broker-url", seeds, "--stream-replicas", "3"]).expect("flags");
+        let (toml, broker) = config_toml(&args, "chaos_x").expect("a configuration");
+        assert_eq!(broker, "nats");
+        assert!(toml.contains(&format!("url = \"{seeds}\"\n")), "{toml}");
+        assert!(
+            toml.contains("stream = \"chaos_x\"\nstream_replicas = 3\n"),
+            "{toml}"
+        );
+        let single = parse(&[]).expect("the defaults");
+        let (toml, _) = config_toml(&single, "chaos_x").expect("a configuration");
+        assert!(toml.contains("stream_replicas = 1\n"), "{toml}");
+        for flags in [&["--stream-replicas", "0"][..], &["--stream-replicas", "6"]] {
+            assert!(parse(flags).is_err(), "{flags:?}");
+        }
+        let redis = parse(&[
+            "--broker-url",
+            "redis://127.0.0.1:6379",
+            "--stream-replicas",
+            "3",
+        ])
+        .expect("flags");
+        let error = config_toml(&redis, "chaos_x").expect_err("no stream to replicate");
+        assert!(error.to_string().contains("--stream-replicas"), "{error}");
+    }
 
     #[test]
     fn a_password_leaves_the_url_decoded() {
@@ -578,8 +635,16 @@ mod tests {
                 Some("p@ss".to_owned())
             )
         );
+        assert_eq!(
+            split_password("nats://app:pw@127.0.0.1:4251,nats://app:pw@127.0.0.1:4252"),
+            (
+                "nats://app@127.0.0.1:4251,nats://app@127.0.0.1:4252".to_owned(),
+                Some("pw".to_owned())
+            )
+        );
         for bare in [
             "nats://127.0.0.1:4222",
+            "nats://127.0.0.1:4251,nats://127.0.0.1:4252,nats://127.0.0.1:4253",
             "kafka://127.0.0.1:9092",
             "redis://u@h:1",
         ] {

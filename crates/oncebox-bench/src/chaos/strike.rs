@@ -124,8 +124,12 @@ impl Striker<'_> {
                 trouble,
                 millis,
             } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
-            Fault::RestartBroker => restart(self.args.restart_broker.as_deref()).await,
-            Fault::RestartPostgres => restart(self.args.restart_postgres.as_deref()).await,
+            Fault::RestartBroker => {
+                restart(self.args.restart_broker.as_deref(), self.store.schema()).await
+            }
+            Fault::RestartPostgres => {
+                restart(self.args.restart_postgres.as_deref(), self.store.schema()).await
+            }
             Fault::Failover => {
                 let (Some(address), Some(command)) = (self.database, &self.args.failover) else {
                     anyhow::bail!("a failover was planned without --failover");
@@ -136,15 +140,19 @@ impl Striker<'_> {
     }
 }
 
-/// Runs a restart command.
-async fn restart(command: Option<&str>) -> anyhow::Result<()> {
-    run_command(command.context("a restart was planned without its command")?).await
+/// Runs a restart command with `ONCEBOX_STREAM` set to the run's NATS stream (named
+/// after its schema), whose leader `scripts/services.sh restart nats-cluster` kills.
+async fn restart(command: Option<&str>, stream: &str) -> anyhow::Result<()> {
+    let command = command.context("a restart was planned without its command")?;
+    run_command(command, &[("ONCEBOX_STREAM", stream)]).await
 }
 
-/// Runs `command` with `sh -c`; its output other than errors is not shown.
-pub(crate) async fn run_command(command: &str) -> anyhow::Result<()> {
+/// Runs `command` with `sh -c`, with `env` added to its environment; its output other
+/// than errors is not shown.
+pub(crate) async fn run_command(command: &str, env: &[(&str, &str)]) -> anyhow::Result<()> {
     let status = tokio::process::Command::new("sh")
         .args(["-c", command])
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .status()
         .await

@@ -36,6 +36,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use broker::BrokerConfig;
+pub(crate) use broker::{nats_servers, nats_user};
 use cdc::CdcConfig;
 pub(crate) use dashboard::DashboardConfig;
 use http::HttpConfig;

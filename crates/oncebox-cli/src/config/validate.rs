@@ -1,6 +1,7 @@
 //! The checks the types alone do not make: limits, URLs, the layout, and what the
 //! keys require of one another.
 
+use super::broker::{MAX_STREAM_REPLICAS, nats_user};
 use super::{BrokerKind, Config, ConfigError, Layout, RelayMode, StoreKind};
 
 impl Config {
@@ -84,8 +85,25 @@ impl Config {
                 "must be shorter than relay.lease",
             ));
         }
-        if let Some(url) = &self.broker.url {
-            BrokerKind::of(url)?;
+        if let Some(url) = &self.broker.url
+            && BrokerKind::of(url)? == BrokerKind::Nats
+        {
+            nats_user(url)?;
+        }
+        if !(1..=MAX_STREAM_REPLICAS).contains(&self.broker.stream_replicas) {
+            return Err(ConfigError::key(
+                "broker.stream_replicas",
+                format!(
+                    "must be 1 to {MAX_STREAM_REPLICAS} (the servers of a NATS cluster that keep the stream), not {}",
+                    self.broker.stream_replicas
+                ),
+            ));
+        }
+        if self.broker.stream_replicas > 1 && self.broker.stream.is_none() {
+            return Err(ConfigError::key(
+                "broker.stream_replicas",
+                "applies to the stream named by broker.stream, which is not set",
+            ));
         }
         if self.broker.stream.is_some() && self.broker.subject_prefix.is_empty() {
             return Err(ConfigError::key(
@@ -142,5 +160,43 @@ mod tests {
         let text = "[store]\nurl = \"sqlite://x.db\"\n[relay]\nworkers = 9223372036854775807\n";
         let error = Config::load_from_text(text, &[]).expect_err("too many workers");
         assert!(error.0.starts_with("store.pool_size:"), "{error}");
+    }
+
+    /// A NATS cluster: several seeds in `broker.url`, and the stream kept on 1 to 5 of
+    /// its servers, which needs a stream to keep.
+    #[test]
+    fn a_cluster_takes_seeds_and_a_replicated_stream() {
+        let cluster = "[broker]\nurl = \"nats://n1:4222,nats://n2:4222,nats://n3:4222\"\nsubject_prefix = \"shop.\"\n";
+        let replicated = format!("{cluster}stream = \"SHOP\"\nstream_replicas = 3\n");
+        let config = Config::load_from_text(&replicated, &[]).expect("a valid cluster");
+        assert_eq!(config.broker.stream_replicas, 3);
+        let from_env = [("ONCEBOX_BROKER__STREAM_REPLICAS".to_owned(), "5".to_owned())];
+        let config = Config::load_from_text(&replicated, &from_env).expect("five replicas");
+        assert_eq!(config.broker.stream_replicas, 5);
+        for (text, needle) in [
+            (
+                format!("{cluster}stream = \"SHOP\"\nstream_replicas = 0\n"),
+                "broker.stream_replicas: must be 1 to 5",
+            ),
+            (
+                format!("{cluster}stream = \"SHOP\"\nstream_replicas = 6\n"),
+                "broker.stream_replicas: must be 1 to 5",
+            ),
+            (
+                format!("{cluster}stream = \"SHOP\"\nstream_replicas = -1\n"),
+                "broker.stream_replicas",
+            ),
+            (
+                format!("{cluster}stream_replicas = 3\n"),
+                "broker.stream_replicas: applies to the stream named by broker.stream",
+            ),
+            (
+                "[broker]\nurl = \"nats://n1:4222,n2:4222\"\n".to_owned(),
+                "broker.url: server 2 of 2",
+            ),
+        ] {
+            let error = Config::load_from_text(&text, &[]).expect_err(needle);
+            assert!(error.0.starts_with(needle), "{text}: {error}");
+        }
     }
 }

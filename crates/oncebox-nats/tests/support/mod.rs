@@ -225,21 +225,34 @@ impl TransportHarness for NatsHarness {
 pub(crate) struct LocalServer {
     port: u16,
     store: tempfile::TempDir,
+    /// Added to the command line (a cluster node's name and routes).
+    args: Vec<String>,
     child: tokio::sync::Mutex<Option<Child>>,
+}
+
+/// A port free on 127.0.0.1 now.
+pub(crate) fn free_port() -> Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(Error::transport_permanent)
 }
 
 impl LocalServer {
     /// Starts one and returns once it is ready for clients.
     pub(crate) async fn start() -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(Error::transport_permanent)?
-            .port();
+        Self::start_with(free_port()?, Vec::new()).await
+    }
+
+    /// Starts one for clients on `port`, with `args` added to its command line, and
+    /// returns once it is ready for clients.
+    pub(crate) async fn start_with(port: u16, args: Vec<String>) -> Result<Self> {
         let store = tempfile::tempdir().map_err(Error::transport_permanent)?;
-        let child = spawn(port, store.path().to_path_buf()).await?;
+        let child = spawn(port, store.path().to_path_buf(), &args).await?;
         Ok(Self {
             port,
             store,
+            args,
             child: tokio::sync::Mutex::new(Some(child)),
         })
     }
@@ -280,7 +293,7 @@ impl LocalServer {
     pub(crate) async fn start_again(&self) -> Result<()> {
         let mut child = self.child.lock().await;
         if child.is_none() {
-            *child = Some(spawn(self.port, self.store.path().to_path_buf()).await?);
+            *child = Some(spawn(self.port, self.store.path().to_path_buf(), &self.args).await?);
         }
         Ok(())
     }
@@ -296,10 +309,11 @@ fn binary() -> PathBuf {
 }
 
 /// Starts nats-server and waits for its "Server is ready" log line.
-async fn spawn(port: u16, store: PathBuf) -> Result<Child> {
+async fn spawn(port: u16, store: PathBuf, args: &[String]) -> Result<Child> {
     let mut child = Command::new(binary())
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(&store)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

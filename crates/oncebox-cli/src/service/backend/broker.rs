@@ -59,23 +59,39 @@ impl Broker {
             #[cfg(feature = "nats")]
             BrokerKind::Nats => {
                 use oncebox::nats::{JetStreamOptions, JetStreamTransport, StreamSettings};
+                // One server, or the seeds of a cluster: the client learns the others
+                // from them and fails over between them all.
+                let seeds = crate::config::nats_servers(url)?;
+                let options = seeds
+                    .iter()
+                    .skip(1)
+                    .fold(JetStreamOptions::new(seeds[0]), |options, seed| {
+                        options.server(*seed)
+                    })
+                    .name("oncebox")
+                    .subject_prefix(config.broker.subject_prefix.clone())
+                    .source(config.source());
+                options
+                    .validate()
+                    .map_err(|error| ConfigError::key("broker.url", error))?;
+                let servers = seeds
+                    .iter()
+                    .map(|seed| seed.parse::<oncebox::nats::async_nats::ServerAddr>())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|error| ConfigError::key("broker.url", error))?;
                 let mut connect = oncebox::nats::async_nats::ConnectOptions::new()
                     .name("oncebox")
                     .connection_timeout(timeout)
                     // The first connection is checked below, with its own timeout.
                     .retry_on_initial_connect();
                 if let Some(password) = &config.broker.password {
-                    let user = ::url::Url::parse(url)
-                        .map(|url| url.username().to_owned())
-                        .unwrap_or_default();
                     // Without a user name, the secret is the server's token.
-                    connect = if user.is_empty() {
-                        connect.token(password.expose().to_owned())
-                    } else {
-                        connect.user_and_password(user, password.expose().to_owned())
+                    connect = match crate::config::nats_user(url)? {
+                        None => connect.token(password.expose().to_owned()),
+                        Some(user) => connect.user_and_password(user, password.expose().to_owned()),
                     };
                 }
-                let client = tokio::time::timeout(timeout, connect.connect(url))
+                let client = tokio::time::timeout(timeout, connect.connect(servers))
                     .await
                     .map_err(|_| unreachable(&format!("no answer within {timeout:?}")))?
                     .map_err(|error| unreachable(&error))?;
@@ -84,15 +100,14 @@ impl Broker {
                     Ok(Err(error)) => return Err(unreachable(&error)),
                     Err(_) => return Err(unreachable(&format!("no answer within {timeout:?}"))),
                 };
-                let options = JetStreamOptions::new(url)
-                    .name("oncebox")
-                    .subject_prefix(config.broker.subject_prefix.clone())
-                    .source(config.source());
                 let transport = JetStreamTransport::with_client(client, options)
                     .map_err(|error| ConfigError::key("broker", error))?;
                 if let Some(stream) = &config.broker.stream {
+                    let settings = StreamSettings::new(stream.as_str())
+                        .topic(">")
+                        .replicas(config.broker.stream_replicas.into());
                     transport
-                        .ensure_stream(&StreamSettings::new(stream.as_str()).topic(">"))
+                        .ensure_stream(&settings)
                         .await
                         .map_err(|error| ConfigError::key("broker.stream", error))?;
                 }
