@@ -85,7 +85,13 @@ impl Config {
             ));
         }
         if let Some(url) = &self.broker.url {
-            BrokerKind::of(url)?;
+            let kind = BrokerKind::of(url)?;
+            if self.broker.cluster && kind != BrokerKind::RedisStreams {
+                return Err(ConfigError::key(
+                    "broker.cluster",
+                    "only for Redis (a redis:// URL naming the cluster's nodes)",
+                ));
+            }
         }
         if self.broker.stream.is_some() && self.broker.subject_prefix.is_empty() {
             return Err(ConfigError::key(
