@@ -6,6 +6,10 @@
 #   scripts/services.sh restart NAME     (postgres, nats, nats-cluster, rabbitmq, redis: for
 #                                         `oncebox-bench chaos`; nats-cluster kills the node
 #                                         leading stream $ONCEBOX_STREAM, see below)
+#   scripts/services.sh restart redis-cluster-master
+#                                         kills a master of the Redis Cluster (SIGKILL),
+#                                         waits for its replica's promotion, starts it
+#                                         again (it rejoins as a replica)
 #   scripts/services.sh postgres-pair [async]
 #                                         a PostgreSQL primary (127.0.0.1:5433) with a
 #                                         synchronous (or asynchronous) streaming standby
@@ -275,6 +279,115 @@ ensure_kafka() {
   wait_for 127.0.0.1 9092 "Kafka (tansu)"
 }
 
+# redis-cluster: Redis Cluster, three masters with a replica each, on 127.0.0.1:7001-7006
+# (the machine's own Redis on 6379 is left alone), one directory per node under
+# REDIS_CLUSTER_DIR with its nodes file and log. No persistence (`appendonly no`, no
+# snapshots): the tests measure what a failover loses to asynchronous replication, and a
+# killed node that starts again rejoins as a replica and copies its master's data, so a
+# disk copy would change nothing there. `cluster-node-timeout 1000` makes a failover take
+# about two seconds instead of the default's twenty; `cluster-replica-validity-factor 0`
+# lets a replica take over however long ago it last heard from its master.
+REDIS_CLUSTER_DIR=${ONCEBOX_REDIS_CLUSTER_DIR:-/var/lib/oncebox/redis-cluster}
+REDIS_CLUSTER_PORTS=(7001 7002 7003 7004 7005 7006)
+
+redis_cluster_node() {
+  local port=$1 dir=$REDIS_CLUSTER_DIR/$1
+  mkdir -p "$dir"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --dir "$dir" \
+    --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000 \
+    --cluster-replica-validity-factor 0 \
+    --appendonly no --save "" --logfile "$dir/redis.log" --pidfile "$dir/redis.pid"
+}
+
+# cluster_field PORT FIELD: a field of CLUSTER INFO as node PORT sees it.
+cluster_field() {
+  redis-cli -p "$1" CLUSTER INFO 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
+}
+
+# wait_cluster_ok PORT: wait up to 30 s until node PORT reports cluster_state:ok.
+wait_cluster_ok() {
+  for _ in $(seq 1 300); do
+    [ "$(cluster_field "$1" cluster_state)" = ok ] && return 0
+    sleep 0.1
+  done
+  log "Redis Cluster: node $1 does not report cluster_state:ok"
+  return 1
+}
+
+# wait_replicas_linked: wait up to 30 s until every replica has copied its master's data
+# and follows it (`master_link_status:up`): a failover before that loses everything.
+wait_replicas_linked() {
+  local port info
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    for _ in $(seq 1 300); do
+      info=$(redis-cli -p "$port" INFO replication 2>/dev/null | tr -d '\r')
+      grep -q '^role:master' <<<"$info" && break
+      grep -q '^master_link_status:up' <<<"$info" && break
+      sleep 0.1
+    done
+  done
+}
+
+ensure_redis_cluster() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  local port
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    port_open "$port" || redis_cluster_node "$port"
+  done
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    wait_for 127.0.0.1 "$port" "Redis Cluster node" >/dev/null 2>&1 || {
+      log "Redis Cluster node $port did not start; see $REDIS_CLUSTER_DIR/$port/redis.log"
+      return 1
+    }
+  done
+  if [ "$(cluster_field 7001 cluster_known_nodes)" = 1 ]; then
+    local nodes=()
+    for port in "${REDIS_CLUSTER_PORTS[@]}"; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+  fi
+  wait_cluster_ok 7001
+  wait_replicas_linked
+  log "Redis Cluster is up on 127.0.0.1:7001-7006 ($(cluster_field 7001 cluster_size) masters)"
+}
+
+# restart redis-cluster-master: SIGKILL one master (the one serving slot 0), wait until
+# its replica was promoted and the cluster is ok again, then start the killed node again
+# and wait until it follows the new master.
+restart_redis_cluster_master() {
+  ensure_redis_cluster 2>/dev/null
+  local line killed_id killed_addr killed_port pid survivor started promoted=""
+  line=$(redis-cli -p 7001 CLUSTER NODES | tr -d '\r' | awk '$3 ~ /master/ && $3 !~ /fail/ {
+      for (i = 9; i <= NF; i++) if ($i ~ /^0(-|$)/) print }')
+  [ -n "$line" ] || { log "Redis Cluster: no live master serves slot 0"; return 1; }
+  killed_id=$(awk '{print $1}' <<<"$line")
+  killed_addr=$(awk '{print $2}' <<<"$line")
+  killed_port=${killed_addr#*:}
+  killed_port=${killed_port%@*}
+  pid=$(redis-cli -p "$killed_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    [ "$port" != "$killed_port" ] && { survivor=$port; break; }
+  done
+  started=$(date +%s%N)
+  kill -KILL "$pid"
+  log "killed the master on port $killed_port (pid $pid, serving slot 0)"
+  for _ in $(seq 1 300); do
+    promoted=$(redis-cli -p "$survivor" CLUSTER NODES 2>/dev/null | tr -d '\r' | awk -v id="$killed_id" \
+      '$3 ~ /master/ && $3 !~ /fail/ && $1 != id { for (i = 9; i <= NF; i++) if ($i ~ /^0(-|$)/) print $2 }')
+    [ -n "$promoted" ] && [ "$(cluster_field "$survivor" cluster_state)" = ok ] && break
+    promoted=""
+    sleep 0.1
+  done
+  [ -n "$promoted" ] || { log "Redis Cluster: no replica was promoted within 30 s"; return 1; }
+  log "the replica on ${promoted%@*} was promoted; cluster_state:ok after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+  redis_cluster_node "$killed_port"
+  for _ in $(seq 1 300); do
+    [ "$(redis-cli -p "$killed_port" INFO replication 2>/dev/null | tr -d '\r' | sed -n 's/^master_link_status://p')" = up ] && break
+    sleep 0.1
+  done
+  log "started port $killed_port again: $(redis-cli -p "$killed_port" INFO replication | tr -d '\r' | sed -n 's/^role://p') of ${promoted%@*}"
+  wait_cluster_ok "$survivor"
+}
+
 # browser: Debian's Chromium and its WebDriver server, for oncebox-testkit's feature
 # `browser`. Nothing is started here: each test starts its own chromedriver on a free
 # port, which starts its own headless Chromium.
@@ -312,6 +425,7 @@ restart() {
       for _ in $(seq 100); do port_open 6379 || break; sleep 0.1; done
       ensure_redis
       rm -f /var/lib/redis/dump.rdb ;;
+    redis-cluster-master) restart_redis_cluster_master ;;
     *) log "cannot restart $1 without losing its data"; exit 2 ;;
   esac
 }
@@ -342,6 +456,7 @@ for service in "$@"; do
     postgres) ensure_postgres ;;
     mariadb) ensure_mariadb ;;
     redis) ensure_redis ;;
+    redis-cluster) ensure_redis_cluster ;;
     rabbitmq) ensure_rabbitmq ;;
     nats) ensure_nats ;;
     nats-cluster) ensure_nats_cluster ;;

@@ -49,6 +49,7 @@
 //! # Ok(()) }
 //! ```
 
+mod connection;
 mod dedup;
 mod error;
 #[cfg(fuzzing)]
@@ -56,7 +57,8 @@ mod error;
 pub mod fuzzing;
 pub mod streams;
 
-pub use dedup::{DEFAULT_PREFIX, RESPONSE_TIMEOUT, RedisDedupStore};
+pub use connection::RedisConnection;
+pub use dedup::{DEDUP_SHARDS, DEFAULT_PREFIX, DedupLayout, RESPONSE_TIMEOUT, RedisDedupStore};
 pub use streams::{
     RedisDeadLetter, RedisStreamDelivery, RedisStreamOptions, RedisStreamPublisher,
     RedisStreamSubscriber, RedisStreams,

@@ -22,6 +22,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) exchange: String,
     /// Redis Streams: prepended to every topic to make the stream key.
     pub(crate) key_prefix: String,
+    /// Redis Streams: `url` names seed nodes of a Redis Cluster,
+    /// `redis://HOST:PORT[,HOST:PORT…]`.
+    pub(crate) cluster: bool,
     /// The CloudEvents `source` of every message published: the producing service's
     /// name. None: `otel.service_name` when set, else `oncebox`.
     pub(crate) source: Option<String>,
@@ -38,6 +41,7 @@ impl Default for BrokerConfig {
             stream_replicas: 1,
             exchange: "oncebox".to_owned(),
             key_prefix: String::new(),
+            cluster: false,
             source: None,
             connect_timeout: Span::secs(5),
         }

@@ -32,6 +32,9 @@ pub(crate) struct DashboardConfig {
     /// for the keys page to look ids up in besides the store's own. A secret, as the URL
     /// may carry a password (`ONCEBOX_DASHBOARD__REDIS_DEDUP_URL` or `…_FILE`).
     pub(crate) redis_dedup_url: Option<Secret>,
+    /// `redis_dedup_url` names seed nodes of a Redis Cluster,
+    /// `redis://HOST:PORT[,HOST:PORT…]`, whose store uses the sharded key layout.
+    pub(crate) redis_dedup_cluster: bool,
     /// The key prefix those records are under (`RedisDedupStore::with_prefix`); unset:
     /// the store's default.
     pub(crate) redis_dedup_prefix: Option<String>,
@@ -47,6 +50,7 @@ impl Default for DashboardConfig {
             secure_cookie: false,
             session_ttl: Span::secs(12 * 3600),
             redis_dedup_url: None,
+            redis_dedup_cluster: false,
             redis_dedup_prefix: None,
         }
     }

@@ -49,7 +49,7 @@ pub(crate) use secret::Secret;
 pub(crate) use span::Span;
 pub(crate) use store::Layout;
 use store::{OutboxConfig, StoreConfig};
-pub(crate) use url::{BrokerKind, StoreKind, StoreUrl, with_password};
+pub(crate) use url::{BrokerKind, StoreKind, StoreUrl, cluster_nodes, with_password};
 
 /// Prefix of the environment variables the configuration reads.
 pub(crate) const ENV_PREFIX: &str = "ONCEBOX_";

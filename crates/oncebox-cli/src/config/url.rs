@@ -296,9 +296,62 @@ pub(crate) fn with_password(
     Ok(url.to_string())
 }
 
+/// The node URLs of a Redis Cluster URL naming several nodes,
+/// `redis://[USER@]HOST:PORT[,HOST:PORT…][/DB]`: one URL per node, each with the user
+/// name, the password (if any) and the path. `key` names the setting in errors.
+pub(crate) fn cluster_nodes(
+    key: &str,
+    text: &str,
+    password: Option<&super::Secret>,
+) -> Result<Vec<String>, ConfigError> {
+    let not_redis = || {
+        ConfigError::key(
+            key,
+            "a Redis Cluster is named by redis://HOST:PORT[,HOST:PORT…] or rediss://…",
+        )
+    };
+    let (scheme, rest) = text.split_once("://").ok_or_else(not_redis)?;
+    if !matches!(scheme, "redis" | "rediss") {
+        return Err(not_redis());
+    }
+    let (authority, path) = rest.find('/').map_or((rest, ""), |at| rest.split_at(at));
+    let (user, hosts) = authority
+        .rsplit_once('@')
+        .map_or(("", authority), |(user, hosts)| (user, hosts));
+    hosts
+        .split(',')
+        .map(|host| {
+            if host.trim().is_empty() {
+                return Err(ConfigError::key(
+                    key,
+                    "an empty node in the list of Redis Cluster nodes",
+                ));
+            }
+            let user = if user.is_empty() {
+                String::new()
+            } else {
+                format!("{user}@")
+            };
+            with_password(&format!("{scheme}://{user}{}{path}", host.trim()), password)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_urls_split_into_nodes() {
+        let nodes = cluster_nodes("broker.url", "redis://a:7001, b:7002/0", None).unwrap();
+        assert_eq!(nodes, ["redis://a:7001/0", "redis://b:7002/0"]);
+        let nodes = cluster_nodes("broker.url", "rediss://app@a:1,b:2", None).unwrap();
+        assert_eq!(nodes, ["rediss://app@a:1", "rediss://app@b:2"]);
+        for bad in ["nats://a:1", "redis://a:1,,b:2", "a:1"] {
+            let error = cluster_nodes("broker.url", bad, None).unwrap_err();
+            assert!(error.0.starts_with("broker.url: "), "{}", error.0);
+        }
+    }
 
     #[test]
     fn a_backend_not_built_names_its_feature() {

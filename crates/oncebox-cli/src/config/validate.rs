@@ -85,10 +85,17 @@ impl Config {
                 "must be shorter than relay.lease",
             ));
         }
-        if let Some(url) = &self.broker.url
-            && BrokerKind::of(url)? == BrokerKind::Nats
-        {
-            nats_user(url)?;
+        if let Some(url) = &self.broker.url {
+            let kind = BrokerKind::of(url)?;
+            if kind == BrokerKind::Nats {
+                nats_user(url)?;
+            }
+            if self.broker.cluster && kind != BrokerKind::RedisStreams {
+                return Err(ConfigError::key(
+                    "broker.cluster",
+                    "only for Redis (a redis:// URL naming the cluster's nodes)",
+                ));
+            }
         }
         if !(1..=MAX_STREAM_REPLICAS).contains(&self.broker.stream_replicas) {
             return Err(ConfigError::key(

@@ -61,13 +61,24 @@ type Shared = State<Arc<Dashboard>>;
 /// receiver serving the dashboard its start.
 struct RedisDedup {
     url: Secret,
+    /// The URL names a cluster's nodes.
+    cluster: bool,
     prefix: Option<String>,
     store: OnceCell<RedisDedupStore>,
 }
 
 impl RedisDedup {
     /// Checks the URL (without connecting).
-    fn new(url: &Secret, prefix: Option<String>) -> Result<Self, ConfigError> {
+    fn new(url: &Secret, cluster: bool, prefix: Option<String>) -> Result<Self, ConfigError> {
+        if cluster {
+            crate::config::cluster_nodes("dashboard.redis_dedup_url", url.expose(), None)?;
+            return Ok(Self {
+                url: url.clone(),
+                cluster,
+                prefix,
+                store: OnceCell::new(),
+            });
+        }
         ::url::Url::parse(url.expose())
             .ok()
             .filter(|url| matches!(url.scheme(), "redis" | "rediss"))
@@ -79,6 +90,7 @@ impl RedisDedup {
             })?;
         Ok(Self {
             url: url.clone(),
+            cluster,
             prefix,
             store: OnceCell::new(),
         })
@@ -88,7 +100,17 @@ impl RedisDedup {
     async fn store(&self) -> oncebox::Result<&RedisDedupStore> {
         self.store
             .get_or_try_init(|| async {
-                let store = RedisDedupStore::connect(self.url.expose()).await?;
+                let store = if self.cluster {
+                    let nodes = crate::config::cluster_nodes(
+                        "dashboard.redis_dedup_url",
+                        self.url.expose(),
+                        None,
+                    )
+                    .map_err(|error| oncebox::Error::InvalidOptions(error.0))?;
+                    RedisDedupStore::connect_cluster(nodes).await?
+                } else {
+                    RedisDedupStore::connect(self.url.expose()).await?
+                };
                 Ok(match &self.prefix {
                     Some(prefix) => store.with_prefix(prefix),
                     None => store,
@@ -127,7 +149,13 @@ impl Server {
         let redis_dedup = settings
             .redis_dedup_url
             .as_ref()
-            .map(|url| RedisDedup::new(url, settings.redis_dedup_prefix.clone()))
+            .map(|url| {
+                RedisDedup::new(
+                    url,
+                    settings.redis_dedup_cluster,
+                    settings.redis_dedup_prefix.clone(),
+                )
+            })
             .transpose()?;
         let dashboard = Arc::new(Dashboard {
             outbox: database.outbox(config)?,
@@ -276,13 +304,13 @@ mod tests {
     /// fails, without the URL's password, and the next one tries again.
     #[tokio::test]
     async fn a_redis_down_at_start_fails_lookups_not_the_start() {
-        assert!(RedisDedup::new(&secret("postgres://127.0.0.1/db"), None).is_err());
+        assert!(RedisDedup::new(&secret("postgres://127.0.0.1/db"), false, None).is_err());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
             .port();
         let url = format!("redis://user:hunter2-secret@127.0.0.1:{port}");
-        let redis = RedisDedup::new(&secret(&url), None).expect("a Redis URL");
+        let redis = RedisDedup::new(&secret(&url), false, None).expect("a Redis URL");
         for attempt in ["first", "second"] {
             let error = redis.store().await.expect_err("nothing listens there");
             assert!(

@@ -9,46 +9,59 @@
 //! Per-key order needs nothing here: the relay never publishes two messages of one key at
 //! once, so a key has at most one command in flight, and its next publish starts after
 //! the reply to the last.
+//!
+//! On a cluster a pipeline goes to one node, so what has gathered leaves as one pipeline
+//! per hash slot, the pipelines at the same time.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use redis::aio::ConnectionManager;
+use redis::cluster_routing::Slot;
+
+use crate::connection::RedisConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
 /// At most this many commands in one pipeline.
 const MAX_PIPELINE: usize = 512;
 
-/// A command waiting to be sent, and where its reply goes.
+/// A command waiting to be sent, the slot of its key, and where its reply goes.
 struct Request {
     command: Cmd,
+    slot: Slot,
     reply: oneshot::Sender<RedisResult<Value>>,
 }
 
 /// Sends commands in pipelines of whatever has gathered, on a task started by the first
 /// command.
 pub(super) struct Batcher {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     /// The task's queue; `None` until the first command.
     queue: Mutex<Option<mpsc::UnboundedSender<Request>>>,
 }
 
 impl Batcher {
-    pub(super) fn new(connection: ConnectionManager) -> Self {
+    pub(super) fn new(connection: RedisConnection) -> Self {
         Self {
             connection,
             queue: Mutex::new(None),
         }
     }
 
-    /// Sends `command` with the next pipeline and returns its reply.
+    /// Sends `command`, whose only key is `key`, with the next pipeline and returns its
+    /// reply.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future drops only the reply: the command may still be sent.
-    pub(super) async fn send(&self, command: Cmd) -> RedisResult<Value> {
+    pub(super) async fn send(&self, command: Cmd, key: &str) -> RedisResult<Value> {
         let (reply, replied) = oneshot::channel();
-        self.enqueue(Request { command, reply })?;
+        let slot = Slot::for_key(key);
+        self.enqueue(Request {
+            command,
+            slot,
+            reply,
+        })?;
         replied.await.unwrap_or_else(|_| Err(stopped()))
     }
 
@@ -79,17 +92,32 @@ impl Batcher {
 
 /// The task: one pipeline at a time, of everything queued when the last one returned.
 /// Ends when every publisher sharing the queue is dropped.
-async fn run(connection: ConnectionManager, mut requests: mpsc::UnboundedReceiver<Request>) {
+async fn run(connection: RedisConnection, mut requests: mpsc::UnboundedReceiver<Request>) {
     let mut batch = Vec::new();
     while requests.recv_many(&mut batch, MAX_PIPELINE).await > 0 {
-        send_pipeline(connection.clone(), batch.drain(..)).await;
+        if connection.is_cluster() {
+            let pipelines = by_slot(batch.drain(..))
+                .map(|requests| send_pipeline(connection.clone(), requests.into_iter()));
+            futures_util::future::join_all(pipelines).await;
+        } else {
+            send_pipeline(connection.clone(), batch.drain(..)).await;
+        }
     }
+}
+
+/// `requests` split by slot, each slot's in their order.
+fn by_slot(requests: impl Iterator<Item = Request>) -> impl Iterator<Item = Vec<Request>> {
+    let mut slots: HashMap<Slot, Vec<Request>> = HashMap::new();
+    for request in requests {
+        slots.entry(request.slot).or_default().push(request);
+    }
+    slots.into_values()
 }
 
 /// Sends `requests` as one pipeline and hands each its reply: its own result, or the
 /// pipeline's error if the pipeline as a whole failed (connection lost, timed out).
 async fn send_pipeline(
-    mut connection: ConnectionManager,
+    mut connection: RedisConnection,
     requests: impl ExactSizeIterator<Item = Request>,
 ) {
     let mut pipeline = redis::Pipeline::with_capacity(requests.len());

@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use crate::connection::RedisConnection;
 use oncebox_core::{Delivery, Received, Result};
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::wakeups::{Wakeup, Wakeups};
@@ -26,20 +26,53 @@ pub(crate) struct TopicKeys {
 }
 
 impl TopicKeys {
-    pub(crate) fn new(prefix: &str, topic: &str, dead_suffix: &str) -> Self {
+    /// The keys of `topic`. On a cluster the dead-letter stream and the parked nacks
+    /// must share the stream's slot (a script touches all three): they carry the stream
+    /// key as a hash tag, `{<stream>}:dead`, unless it has a hash tag of its own, which
+    /// they then share (`{shop}:orders` and `{shop}:orders:dead`).
+    pub(crate) fn new(prefix: &str, topic: &str, dead_suffix: &str, cluster: bool) -> Self {
         let stream = format!("{prefix}{topic}");
+        let base = if cluster && !has_hash_tag(&stream) {
+            format!("{{{stream}}}")
+        } else {
+            stream.clone()
+        };
         Self {
-            dead: format!("{stream}{dead_suffix}"),
-            parked: format!("{stream}:parked"),
+            dead: format!("{base}{dead_suffix}"),
+            parked: format!("{base}:parked"),
             stream,
         }
     }
+
+    /// Whether the three keys hash to one slot. Only a stream key with braces but no
+    /// hash tag (`a}b`, `x{}`) makes them differ; on a single server they may.
+    pub(crate) fn check_one_slot(&self) -> oncebox_core::Result<()> {
+        use redis::cluster_routing::Slot;
+        let slot = Slot::for_key(&self.stream);
+        if Slot::for_key(&self.dead) == slot && Slot::for_key(&self.parked) == slot {
+            return Ok(());
+        }
+        Err(oncebox_core::Error::InvalidOptions(format!(
+            "Redis Streams on a cluster: the stream key {:?} has braces but no hash tag, so \
+             its dead-letter stream and parked nacks cannot share its slot; use a key \
+             prefix and topic without braces, or with a hash tag such as {{shop}}:",
+            self.stream
+        )))
+    }
+}
+
+/// Whether Redis Cluster hashes only a part of `key`: a `{` followed later by a `}` with
+/// at least one character between the first two.
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
 }
 
 /// What a subscriber and its deliveries share: where they settle, and the wake-up times.
 pub(crate) struct Link {
     /// The shared, non-blocking connection (never the subscriber's blocking reader).
-    pub(crate) connection: ConnectionManager,
+    pub(crate) connection: RedisConnection,
     pub(crate) topic: String,
     pub(crate) keys: TopicKeys,
     pub(crate) group: String,

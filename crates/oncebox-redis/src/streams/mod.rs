@@ -15,7 +15,6 @@ use std::sync::Arc;
 use oncebox_core::wire::WireFormat;
 use oncebox_core::{Error, MessageId, Result};
 use redis::Value;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use dead::RedisDeadLetter;
 pub use delivery::RedisStreamDelivery;
@@ -29,6 +28,7 @@ use entry::parse_entries;
 use subscriber::{SubscriberConfig, create_group};
 use wakeups::Wakeups;
 
+use crate::connection::{Endpoint, RedisConnection, Timeouts};
 use crate::error::transport_error;
 
 /// The environment variable [`RedisStreams::connect_env`] reads the URL from.
@@ -37,15 +37,16 @@ pub const URL_ENV: &str = "ONCEBOX_REDIS_URL";
 /// The URL [`RedisStreams::connect_env`] uses when [`URL_ENV`] is not set.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-/// The Redis Streams transport: a connection to one Redis server that hands out
-/// [publishers](RedisStreamPublisher) and [subscribers](RedisStreamSubscriber). Cheap to
-/// clone; clones share the connection.
+/// The Redis Streams transport: a connection to one Redis server or to a Redis Cluster
+/// that hands out [publishers](RedisStreamPublisher) and
+/// [subscribers](RedisStreamSubscriber). Cheap to clone; clones share the connection.
 ///
-/// See the [module documentation](self) for the wire format and the semantics.
+/// See the [module documentation](self) for the wire format and the semantics, and its
+/// section on clusters.
 #[derive(Clone)]
 pub struct RedisStreams {
-    client: redis::Client,
-    connection: ConnectionManager,
+    endpoint: Endpoint,
+    connection: RedisConnection,
     options: Arc<RedisStreamOptions>,
 }
 
@@ -64,12 +65,34 @@ impl RedisStreams {
     /// Cancel safe: dropping the future drops the connection being made.
     pub async fn connect(url: &str, options: RedisStreamOptions) -> Result<Self> {
         options.validate()?;
-        // The error would print the URL, which may hold a password: its category only.
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::InvalidOptions(format!("Redis URL: {}", e.category())))?;
-        let connection = connect_manager(&client, &options, options.response_timeout).await?;
+        Self::connect_to(Endpoint::server(url)?, options).await
+    }
+
+    /// Connects to the Redis Cluster that `nodes` belong to (URLs as for
+    /// [`connect`](Self::connect); one reachable node is enough, the client learns the
+    /// others from it). Each topic's stream and its companion keys (dead letters, parked
+    /// nacks) live in one hash slot: see the module docs on clusters.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for no URL, a URL that does not parse, or invalid
+    /// `options`; a transient transport error if no node can be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the connections being made.
+    pub async fn connect_cluster<S: AsRef<str>>(
+        nodes: impl IntoIterator<Item = S>,
+        options: RedisStreamOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        Self::connect_to(Endpoint::cluster(nodes)?, options).await
+    }
+
+    async fn connect_to(endpoint: Endpoint, options: RedisStreamOptions) -> Result<Self> {
+        let connection = connect(&endpoint, &options, options.response_timeout).await?;
         Ok(Self {
-            client,
+            endpoint,
             connection,
             options: Arc::new(options),
         })
@@ -95,27 +118,39 @@ impl RedisStreams {
         &self.options
     }
 
-    /// The shared connection, for other commands on the same server.
-    pub fn connection(&self) -> &ConnectionManager {
+    /// The shared connection, for other commands on the same server or cluster.
+    pub fn connection(&self) -> &RedisConnection {
         &self.connection
     }
 
     /// The key of `topic`'s stream: the key prefix and the topic.
     pub fn stream_key(&self, topic: &str) -> String {
-        self.keys(topic).stream
+        self.topic_keys(topic).stream
     }
 
-    /// The key of `topic`'s dead-letter stream: the stream key and the dead-letter suffix.
+    /// The key of `topic`'s dead-letter stream: the stream key and the dead-letter
+    /// suffix; on a cluster, the stream key in a hash tag (`{shop:orders}:dead`) unless it
+    /// has one already, so that both live in one slot.
     pub fn dead_letter_key(&self, topic: &str) -> String {
-        self.keys(topic).dead
+        self.topic_keys(topic).dead
     }
 
-    fn keys(&self, topic: &str) -> TopicKeys {
+    fn topic_keys(&self, topic: &str) -> TopicKeys {
         TopicKeys::new(
             &self.options.key_prefix,
             topic,
             &self.options.dead_letter_suffix,
+            self.connection.is_cluster(),
         )
+    }
+
+    /// The topic's keys, checked to share a slot on a cluster.
+    fn keys(&self, topic: &str) -> Result<TopicKeys> {
+        let keys = self.topic_keys(topic);
+        if self.connection.is_cluster() {
+            keys.check_one_slot()?;
+        }
+        Ok(keys)
     }
 
     /// A publisher on the shared connection.
@@ -144,12 +179,12 @@ impl RedisStreams {
                 "Redis Streams: the topic and the group must not be empty".into(),
             ));
         }
-        let keys = self.keys(topic);
+        let keys = self.keys(topic)?;
         create_group(&self.connection, &keys.stream, group).await?;
         let options = &self.options;
         // The blocking read may take `block`, plus the usual time for the reply.
-        let reader = connect_manager(
-            &self.client,
+        let reader = connect(
+            &self.endpoint,
             options,
             options.block + options.response_timeout,
         )
@@ -189,7 +224,7 @@ impl RedisStreams {
     ///
     /// Cancel safe: it only reads.
     pub async fn dead_letters(&self, topic: &str, count: usize) -> Result<Vec<RedisDeadLetter>> {
-        let key = self.dead_letter_key(topic);
+        let key = self.keys(topic)?.dead;
         let mut connection = self.connection.clone();
         let reply: Value = redis::cmd("XRANGE")
             .arg(&key)
@@ -208,19 +243,19 @@ impl RedisStreams {
     }
 }
 
-/// A connection manager with the transport's timeouts, reconnecting with backoff capped
-/// at one second.
-async fn connect_manager(
-    client: &redis::Client,
+/// A new connection with the transport's timeouts, reconnecting with backoff capped at
+/// one second.
+async fn connect(
+    endpoint: &Endpoint,
     options: &RedisStreamOptions,
     response_timeout: std::time::Duration,
-) -> Result<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(response_timeout))
-        .set_connection_timeout(Some(options.response_timeout))
-        .set_max_delay(std::time::Duration::from_secs(1))
-        .set_number_of_retries(2);
-    ConnectionManager::new_with_config(client.clone(), config)
+) -> Result<RedisConnection> {
+    let timeouts = Timeouts {
+        response: response_timeout,
+        connect: options.response_timeout,
+    };
+    endpoint
+        .connect(timeouts)
         .await
         .map_err(|e| transport_error(e, ""))
 }
@@ -252,7 +287,7 @@ mod tests {
 
     #[test]
     fn keys_follow_the_prefix_and_suffix() {
-        let keys = TopicKeys::new("shop:", "orders", ":dead");
+        let keys = TopicKeys::new("shop:", "orders", ":dead", false);
         assert_eq!(
             (
                 keys.stream.as_str(),
@@ -261,5 +296,31 @@ mod tests {
             ),
             ("shop:orders", "shop:orders:dead", "shop:orders:parked")
         );
+        assert!(keys.check_one_slot().is_err(), "three slots on a cluster");
+    }
+
+    #[test]
+    fn keys_share_a_slot_on_a_cluster() {
+        let keys = |prefix, topic| TopicKeys::new(prefix, topic, ":dead", true);
+        let plain = keys("shop:", "orders");
+        assert_eq!(
+            (plain.dead.as_str(), plain.parked.as_str()),
+            ("{shop:orders}:dead", "{shop:orders}:parked")
+        );
+        let tagged = keys("{shop}:", "orders");
+        assert_eq!(tagged.dead, "{shop}:orders:dead");
+        for (prefix, topic) in [
+            ("", "t"),
+            ("{a}", "b"),
+            ("x{", "y"),
+            ("", "{}z"),
+            ("}", "a"),
+        ] {
+            let k = keys(prefix, topic);
+            let shared = k.check_one_slot();
+            // Braces without a hash tag are the one case that cannot share a slot.
+            let tagless_braces = ["{}z", "}a"].contains(&k.stream.as_str());
+            assert_eq!(shared.is_err(), tagless_braces, "{k:?}");
+        }
     }
 }

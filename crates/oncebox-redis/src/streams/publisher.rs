@@ -4,10 +4,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::connection::RedisConnection;
 use oncebox_core::wire::WireFormat;
 use oncebox_core::{Error, InvalidMessage, Limits, Message, Publisher, Result};
 use redis::Value;
-use redis::aio::ConnectionManager;
 
 use super::batcher::Batcher;
 use super::entry::{DATA_FIELD, shape};
@@ -40,7 +40,7 @@ struct PublishConfig {
 }
 
 impl RedisStreamPublisher {
-    pub(crate) fn new(connection: ConnectionManager, options: &RedisStreamOptions) -> Self {
+    pub(crate) fn new(connection: RedisConnection, options: &RedisStreamOptions) -> Self {
         Self {
             batcher: Arc::new(Batcher::new(connection)),
             config: Arc::new(PublishConfig {
@@ -103,7 +103,7 @@ impl Publisher for RedisStreamPublisher {
         let key = format!("{}{}", self.config.prefix, message.topic);
         let reply = self
             .batcher
-            .send(self.command(&key, message))
+            .send(self.command(&key, message), &key)
             .await
             .map_err(|e| transport_error(e, &key))?;
         match reply {

@@ -7,9 +7,9 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use crate::connection::RedisConnection;
 use oncebox_core::wire::WireFormat;
 use oncebox_core::{Error, Result, Subscriber};
-use redis::aio::ConnectionManager;
 use redis::{RedisResult, Script, Value};
 use tokio::time::{Instant, sleep_until};
 
@@ -47,7 +47,7 @@ struct Fetched {
 /// times, is dead-lettered by the subscriber itself with the reason, and logged.
 pub struct RedisStreamSubscriber {
     link: Arc<Link>,
-    reader: ConnectionManager,
+    reader: RedisConnection,
     format: WireFormat,
     batch_size: usize,
     block: Duration,
@@ -64,7 +64,7 @@ pub struct RedisStreamSubscriber {
 
 /// What [`RedisStreamSubscriber::new`] needs beyond the link.
 pub(crate) struct SubscriberConfig {
-    pub(crate) reader: ConnectionManager,
+    pub(crate) reader: RedisConnection,
     pub(crate) format: WireFormat,
     pub(crate) batch_size: usize,
     pub(crate) block: Duration,
@@ -311,7 +311,7 @@ async fn hand_out(
 /// the stream, so that it receives entries added before it existed. An existing group is
 /// left as it is.
 pub(crate) async fn create_group(
-    connection: &ConnectionManager,
+    connection: &RedisConnection,
     stream: &str,
     group: &str,
 ) -> Result<()> {

@@ -29,6 +29,39 @@ pub(crate) fn redis_url() -> String {
     std::env::var("ONCEBOX_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// The seed nodes of the Redis Cluster (`ONCEBOX_REDIS_CLUSTER_URLS`, comma-separated;
+/// default the six nodes `scripts/services.sh redis-cluster` starts on 7001-7006).
+pub(crate) fn cluster_urls() -> Vec<String> {
+    std::env::var("ONCEBOX_REDIS_CLUSTER_URLS")
+        .unwrap_or_else(|_| {
+            (7001..=7006)
+                .map(|port| format!("redis://127.0.0.1:{port}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Deletes every key under `prefix` on the cluster, one `DEL` per key (the keys live in
+/// many slots). Best effort and synchronous, for `Drop`.
+pub(crate) fn clean_cluster(prefix: &str) {
+    let Ok(client) = redis::cluster::ClusterClient::new(cluster_urls()) else {
+        return;
+    };
+    let Ok(mut connection) = client.get_connection() else {
+        return;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut connection)
+        .unwrap_or_default();
+    for key in keys {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&key).query(&mut connection);
+    }
+}
+
 /// A key prefix no other test uses.
 pub(crate) fn unique_prefix() -> String {
     format!("oncebox-test:{}:", uuid::Uuid::new_v4())
@@ -51,6 +84,11 @@ pub(crate) struct StreamsHarness {
     server: Option<OwnServer>,
 }
 
+/// Where a harness's keys live, for its cleanup.
+fn on_cluster(streams: &RedisStreams) -> bool {
+    streams.connection().is_cluster()
+}
+
 impl StreamsHarness {
     /// On the machine's Redis.
     pub(crate) async fn new() -> Self {
@@ -65,6 +103,20 @@ impl StreamsHarness {
         let streams = RedisStreams::connect(&redis_url(), change(options(&prefix)))
             .await
             .expect("connect to Redis (scripts/services.sh redis starts one)");
+        Self {
+            streams,
+            prefix,
+            topics: AtomicU64::new(0),
+            server: None,
+        }
+    }
+
+    /// On the Redis Cluster (`scripts/services.sh redis-cluster`).
+    pub(crate) async fn on_cluster() -> Self {
+        let prefix = unique_prefix();
+        let streams = RedisStreams::connect_cluster(cluster_urls(), options(&prefix))
+            .await
+            .expect("connect to the Redis Cluster (scripts/services.sh redis-cluster starts one)");
         Self {
             streams,
             prefix,
@@ -111,6 +163,10 @@ impl Drop for StreamsHarness {
             return;
         }
         // Best effort, and synchronous: it runs when a test ends, failed ones included.
+        if on_cluster(&self.streams) {
+            clean_cluster(&self.prefix);
+            return;
+        }
         let Ok(client) = redis::Client::open(redis_url()) else {
             return;
         };

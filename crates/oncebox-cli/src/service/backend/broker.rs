@@ -153,17 +153,26 @@ impl Broker {
                 Ok(Self::Kafka(options))
             }
             BrokerKind::RedisStreams => {
-                let full = crate::config::with_password(url, config.broker.password.as_ref())?;
+                use oncebox::redis::RedisStreams;
+                let password = config.broker.password.as_ref();
                 let options = oncebox::redis::RedisStreamOptions::new()
                     .key_prefix(config.broker.key_prefix.clone())
                     .source(config.source());
-                let streams = tokio::time::timeout(
-                    timeout,
-                    oncebox::redis::RedisStreams::connect(&full, options),
-                )
-                .await
-                .map_err(|_| unreachable(&format!("no answer within {timeout:?}")))?
-                .map_err(|error| unreachable(&error))?;
+                let connect = if config.broker.cluster {
+                    let nodes = crate::config::cluster_nodes("broker.url", url, password)?;
+                    futures_util::future::Either::Left(RedisStreams::connect_cluster(
+                        nodes, options,
+                    ))
+                } else {
+                    let full = crate::config::with_password(url, password)?;
+                    futures_util::future::Either::Right(async move {
+                        RedisStreams::connect(&full, options).await
+                    })
+                };
+                let streams = tokio::time::timeout(timeout, connect)
+                    .await
+                    .map_err(|_| unreachable(&format!("no answer within {timeout:?}")))?
+                    .map_err(|error| unreachable(&error))?;
                 Ok(Self::RedisStreams(streams))
             }
             #[allow(unreachable_patterns)]
