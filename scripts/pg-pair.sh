@@ -119,7 +119,11 @@ EOF
 failover() {
   local dir=$1 standby_port
   standby_port=$(sed -n 's/^port = //p' "$dir/standby/postgresql.auto.conf" | tail -n1)
-  as_owner "$BIN/pg_ctl" -D "$dir/primary" stop -m immediate >/dev/null
+  if as_owner "$BIN/pg_ctl" -D "$dir/primary" status >/dev/null 2>&1; then
+    as_owner "$BIN/pg_ctl" -D "$dir/primary" stop -m immediate >/dev/null
+  else
+    log "the primary is down already"
+  fi
   as_owner "$BIN/pg_ctl" -D "$dir/standby" promote -w >/dev/null
   wait_until "the standby to leave recovery" promoted "$standby_port"
   log "primary killed; the standby on 127.0.0.1:$standby_port is the primary"

@@ -10,11 +10,13 @@
 #                                         kills a master of the Redis Cluster (SIGKILL),
 #                                         waits for its replica's promotion, starts it
 #                                         again (it rejoins as a replica)
-#   scripts/services.sh postgres-pair [async]
-#                                         a PostgreSQL primary (127.0.0.1:5433) with a
-#                                         synchronous (or asynchronous) streaming standby
-#                                         (5434), made anew, for `oncebox-bench chaos
-#                                         --failover`; `scripts/pg-pair.sh` says more
+#   scripts/services.sh postgres-pair    a PostgreSQL primary (127.0.0.1:5433) with a
+#                                         synchronous streaming standby (5434), made anew,
+#                                         for `oncebox-bench chaos --failover`
+#                                         (postgres-pair-async: an asynchronous standby;
+#                                         `scripts/pg-pair.sh` says more)
+#   scripts/services.sh failover postgres-pair
+#                                         its primary killed, its standby promoted
 #
 # Each backend's tests add their service to SERVICES in scripts/test; this script knows
 # how to bring each one up on a Debian machine and waits until it answers.
@@ -430,7 +432,7 @@ restart() {
   esac
 }
 
-# postgres-pair [sync|async]: a primary and its standby in PAIR_DIR, made anew each time,
+# postgres_pair sync|async: a primary and its standby in PAIR_DIR, made anew each time,
 # since a failover spends the pair (its old primary is dead, its standby has none).
 PAIR_DIR=${ONCEBOX_PG_PAIR_DIR:-/var/lib/oncebox/pg-pair}
 postgres_pair() {
@@ -438,22 +440,31 @@ postgres_pair() {
   scripts=$(dirname "$0")
   command -v pg_ctlcluster >/dev/null || apt_install postgresql
   "$scripts/pg-pair.sh" destroy "$PAIR_DIR"
-  "$scripts/pg-pair.sh" create "$PAIR_DIR" 5433 5434 "${1:-sync}"
+  if port_open 5433 || port_open 5434; then
+    log "postgres-pair: port 5433 or 5434 is taken by another server (a second PostgreSQL cluster?)"
+    return 1
+  fi
+  "$scripts/pg-pair.sh" create "$PAIR_DIR" 5433 5434 "$1"
 }
-
-if [ "${1:-}" = postgres-pair ]; then
-  postgres_pair "${2:-sync}"
-  exit 0
-fi
 
 if [ "${1:-}" = restart ]; then
   restart "${2:?restart what?}"
   exit 0
 fi
 
+# failover postgres-pair: the pair's primary killed, its standby promoted (and spent:
+# `postgres-pair` makes a new pair).
+if [ "${1:-}" = failover ]; then
+  [ "${2:-}" = postgres-pair ] || { log "failover: only postgres-pair"; exit 2; }
+  "$(dirname "$0")/pg-pair.sh" failover "$PAIR_DIR"
+  exit 0
+fi
+
 for service in "$@"; do
   case "$service" in
     postgres) ensure_postgres ;;
+    postgres-pair) postgres_pair sync ;;
+    postgres-pair-async) postgres_pair async ;;
     mariadb) ensure_mariadb ;;
     redis) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;

@@ -2,8 +2,8 @@
 //! to a promoted standby, so the slot the relay read is gone on the new primary, with
 //! whatever was committed after its confirmed position. The relay must refuse to go on
 //! (never re-create the slot silently), name the range of WAL positions that may be
-//! lost, and, told to re-create it, count the loss; in table mode the rows of that range
-//! are still in the outbox table, where a polling relay publishes them.
+//! lost, and, told to re-create it, go on; in table mode the rows of that range are
+//! still in the outbox table, where a polling relay publishes them.
 //!
 //! Each test runs a primary with a synchronous standby of its own
 //! ([`oncebox_testkit::pg_pair`]), reached through an address that moves to the standby

@@ -66,7 +66,28 @@ impl PgPair {
     /// When the script fails (no PostgreSQL server binaries, a port taken meanwhile);
     /// the error holds what it printed.
     pub async fn start(replication: Replication) -> io::Result<Self> {
-        let [primary, standby] = [free_port()?, free_port()?];
+        // The ports are free when picked, not reserved: another process may take one
+        // before the servers bind it. Such a pair fails to start; a new one is tried.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match Self::try_start(replication).await {
+                Err(error) if attempts < 3 => {
+                    tracing::warn!(%error, "a PostgreSQL pair did not start; trying other ports");
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn try_start(replication: Replication) -> io::Result<Self> {
+        let primary = free_port()?;
+        let standby = loop {
+            let port = free_port()?;
+            if port != primary {
+                break port;
+            }
+        };
         let link = Proxy::start(format!("127.0.0.1:{primary}")).await?;
         let dir = std::env::temp_dir().join(format!(
             "oncebox-pg-pair-{}-{:x}",
@@ -74,6 +95,7 @@ impl PgPair {
             fastrand::u64(..)
         ));
         let upstream = link.port().to_string();
+        // Made before the servers, so that dropping it (an error below) removes them.
         let pair = Self {
             dir,
             primary,
@@ -123,7 +145,7 @@ impl PgPair {
     /// The shell command that fails this pair over, for a process that takes one
     /// (`oncebox-bench chaos --failover`).
     pub fn failover_command(&self) -> String {
-        format!("{} failover {}", script().display(), self.dir.display())
+        format!("'{}' failover '{}'", script().display(), self.dir.display())
     }
 
     /// Kills the primary (`pg_ctl stop -m immediate`: no shutdown checkpoint, clients

@@ -121,12 +121,15 @@ impl Proxy {
     /// service's address moved (a virtual IP, a Kubernetes service, a failover
     /// proxy after a promotion), and what was connected to the old host is gone.
     pub fn retarget(&self, target: impl Into<String>) {
+        // Under the list's lock, which `accept` holds from reading the target to
+        // listing the connection: none to the old target escapes the drain.
+        let mut connections = self.shared.connections();
         *self
             .shared
             .target
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = target.into();
-        for connection in self.shared.connections().drain(..) {
+        for connection in connections.drain(..) {
             connection.abort();
         }
     }
@@ -170,13 +173,13 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
         if shared.refusing.load(Ordering::SeqCst) {
             continue; // dropped: closed at once
         }
+        let mut connections = shared.connections();
         let target = shared
             .target
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let connection = tokio::spawn(forward(inbound, target, shared.condition.subscribe()));
-        let mut connections = shared.connections();
         connections.retain(|c| !c.is_finished());
         connections.push(connection.abort_handle());
     }

@@ -57,7 +57,7 @@ pub(crate) struct Published {
     pub(crate) unreadable: u64,
     /// Orders published that the database does not have: their transaction was lost
     /// in a failover to a standby that never received it.
-    pub(crate) never_committed: u64,
+    pub(crate) not_in_database: u64,
 }
 
 impl ChaosReport {
@@ -77,7 +77,7 @@ impl ChaosReport {
         check(p.missing, "committed orders missing from the broker");
         check(p.unreadable, "messages on the topic that are not orders");
         check(
-            p.never_committed,
+            p.not_in_database,
             "orders published that the database does not have",
         );
         check(
@@ -131,8 +131,8 @@ pub(crate) fn print(report: &ChaosReport) {
         l.charged_out_of_order
     );
     println!(
-        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders · {} never committed",
-        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable, p.never_committed
+        "  broker: {} orders · {} duplicates · {} missing · {} out of order · {} not orders · {} not in the database",
+        p.orders, p.duplicates, p.missing, p.out_of_order, p.unreadable, p.not_in_database
     );
     if let Some(s) = &report.slot {
         let confirmed = s.confirmed_lsn.as_deref().unwrap_or("gone");

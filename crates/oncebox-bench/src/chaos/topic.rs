@@ -68,7 +68,7 @@ pub(crate) async fn read_back(
     }
     published.orders = first.len() as u64;
     published.missing = (committed.len() - first.len()) as u64;
-    published.never_committed = phantoms.len() as u64;
+    published.not_in_database = phantoms.len() as u64;
     Ok(published)
 }
 

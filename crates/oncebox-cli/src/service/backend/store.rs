@@ -226,13 +226,13 @@ impl Database {
 }
 
 /// A pool of `store.pool_size` connections made with `options`, waiting at most
-/// `store.connect_timeout` for one. No ping before each checkout: a connection that died
-/// fails its statement, which the engines retry.
-/// Opens a pool with its first connection. With `wait_for_server` (a database server,
-/// not a file), a server that cannot be reached yet — the connection refused or reset,
-/// the server starting up or in recovery: an outage, as while a database restarts or
-/// fails over to its standby — is tried again every 250 ms until `store.connect_timeout`
-/// has passed; other errors (a wrong password, an unknown database) fail at once.
+/// `store.connect_timeout` for one, and opened with its first connection. No ping before
+/// each checkout: a connection that died fails its statement, which the engines retry.
+///
+/// With `wait_for_server` (a database server, not a file), a server that is not up yet
+/// ([`not_up_yet`]: a restart or a failover in progress) is tried again every 250 ms
+/// until `store.connect_timeout` has passed since the first attempt; anything else fails
+/// at once.
 async fn pool<DB: sqlx::Database>(
     config: &Config,
     options: <DB::Connection as sqlx::Connection>::Options,
@@ -242,25 +242,56 @@ async fn pool<DB: sqlx::Database>(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut said = false;
     loop {
+        // sqlx itself retries a refused connection for the acquire timeout: the first
+        // attempt gets the whole timeout, the next ones what is left of it.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let opened = sqlx::pool::PoolOptions::<DB>::new()
             .max_connections(config.store.pool_size)
             .acquire_timeout(timeout)
             .test_before_acquire(false)
-            .connect_with(options.clone())
-            .await;
-        match opened.map_err(oncebox::Error::from) {
+            .connect_with(options.clone());
+        let opened = match tokio::time::timeout(left.max(Duration::from_millis(100)), opened).await
+        {
+            Ok(opened) => opened,
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        };
+        match opened {
             Err(error)
                 if wait_for_server
-                    && error.is_outage()
+                    && not_up_yet(&error)
                     && tokio::time::Instant::now() < deadline =>
             {
                 if !std::mem::replace(&mut said, true) {
-                    tracing::warn!(%error, ?timeout, "the database cannot be reached yet; trying again for up to store.connect_timeout");
+                    tracing::warn!(%error, ?timeout, "the database is not up yet; trying again for up to store.connect_timeout");
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            opened => return opened,
+            opened => return opened.map_err(oncebox::Error::from),
         }
+    }
+}
+
+/// Whether connecting failed because the server is not up yet, which a moment may
+/// change: the connection refused, reset or closed at once (a server restarting, an
+/// address moving to a promoted standby), no connection in time, or the server saying
+/// it is shutting down, starting up or out of connections. Not a name that does not
+/// resolve, TLS, authentication or an unknown database.
+fn not_up_yet(error: &sqlx::Error) -> bool {
+    use std::io::ErrorKind;
+    match error {
+        sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::UnexpectedEof
+                | ErrorKind::BrokenPipe
+        ),
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("57P0") || code.starts_with("08") || code.starts_with("53")
+        }),
+        _ => false,
     }
 }
 
