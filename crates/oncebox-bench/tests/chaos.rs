@@ -7,6 +7,8 @@
 //! from the outbox table's inserts: the reader and standbys killed, the reader paused,
 //! the walsender terminated, a link cut; the slot must also pass the last order. And a
 //! run on a three-node NATS cluster (`scripts/services.sh nats-cluster`) whose stream,
+//! kept on all three, loses its leader node twice, and one on a three-node RabbitMQ
+//! cluster (`scripts/services.sh rabbitmq-cluster`) whose payment queue, a quorum queue
 //! kept on all three, loses its leader node twice.
 //!
 //! The restarts go through `scripts/services.sh restart`, and stop the shared services
@@ -22,6 +24,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use oncebox_testkit::pg_pair::{PgPair, Replication};
 use serde_json::Value;
 
 fn services() -> String {
@@ -59,6 +62,18 @@ impl Drop for PostgresUp {
     }
 }
 
+/// A child process killed if it is still held when dropped.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Runs `oncebox-bench chaos` with `args` and returns its report and whether it passed.
 fn run_chaos(args: &[&str]) -> (Value, bool) {
     run_chaos_while(args, || {})
@@ -70,7 +85,10 @@ fn run_chaos_while(args: &[&str], meanwhile: impl FnOnce()) -> (Value, bool) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _postgres_up = PostgresUp;
+    // From the repository's root, where `--cluster`'s commands are.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let run = Command::new(env!("CARGO_BIN_EXE_oncebox-bench"))
+        .current_dir(root)
         .arg("chaos")
         .args(args)
         .arg("--json")
@@ -78,8 +96,16 @@ fn run_chaos_while(args: &[&str], meanwhile: impl FnOnce()) -> (Value, bool) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("the oncebox-bench binary runs");
+    // Should `meanwhile` panic, the run is killed (SIGKILL: its relays and payment
+    // processes, which exit with their parent's pipes, go with it).
+    let mut run = KillOnDrop(Some(run));
     meanwhile();
-    let out = run.wait_with_output().expect("the run ends");
+    let out = run
+        .0
+        .take()
+        .expect("the run")
+        .wait_with_output()
+        .expect("the run ends");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "no JSON report ({e}); stderr: {}",
@@ -113,7 +139,7 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
     assert_eq!(count(report, "published", "orders"), orders, "{report}");
     assert_eq!(count(report, "published", "missing"), 0, "{report}");
     assert_eq!(count(report, "published", "out_of_order"), 0, "{report}");
-    assert_eq!(count(report, "published", "never_committed"), 0, "{report}");
+    assert_eq!(count(report, "published", "not_in_database"), 0, "{report}");
     let fault = |kind: &str| report["faults"][kind].as_u64().unwrap_or(0);
     for (kind, n) in faults {
         let injected = match *kind {
@@ -134,13 +160,14 @@ fn check(report: &Value, orders: u64, faults: &[(&str, u64)]) {
 /// the relays' connections, two cuts, stalls and slowdowns of one process's link, plus
 /// `extra` flags.
 fn short_run(broker: &str, seed: &str, extra: &[&str]) -> Value {
-    chaos(&short_run_args(broker, seed, extra))
+    let mut args = vec!["--broker-url", broker];
+    args.extend(short_run_args(seed, extra));
+    chaos(&args)
 }
 
-fn short_run_args<'a>(broker: &'a str, seed: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+/// The short run's flags but the broker's.
+fn short_run_args<'a>(seed: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
-        "--broker-url",
-        broker,
         "--orders",
         "3000",
         "--rate",
@@ -306,6 +333,24 @@ fn cdc_table_survives_kills_a_paused_reader_and_a_terminated_walsender() {
     short_cdc_run("cdc-table", "37", &[], &[]);
 }
 
+/// A primary with a standby of the test's own (on the runtime returned, which runs the
+/// pair's replication link), and the flags that fail it over in a chaos run.
+fn pair(replication: Replication) -> (tokio::runtime::Runtime, PgPair, [String; 6]) {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let pair = runtime
+        .block_on(PgPair::start(replication))
+        .expect("a primary with its standby");
+    let flags = [
+        "--database-url".to_owned(),
+        pair.primary_url(),
+        "--standby-url".to_owned(),
+        pair.standby_url(),
+        "--failover".to_owned(),
+        pair.failover_command(),
+    ];
+    (runtime, pair, flags)
+}
+
 /// A PostgreSQL primary with a synchronous standby of the test's own, failed over in
 /// the middle of a short run (the primary killed with `pg_ctl stop -m immediate`, the
 /// standby promoted, the database's address moved to it), beside the usual kills,
@@ -314,29 +359,9 @@ fn cdc_table_survives_kills_a_paused_reader_and_a_terminated_walsender() {
 /// published in order.
 #[test]
 fn a_synchronous_postgres_failover_loses_no_order_and_charges_none_twice() {
-    use oncebox_testkit::pg_pair::{PgPair, Replication};
-
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let pair = runtime
-        .block_on(PgPair::start(Replication::Synchronous))
-        .expect("a primary with a synchronous standby");
-    let (primary, standby, failover) = (
-        pair.primary_url(),
-        pair.standby_url(),
-        pair.failover_command(),
-    );
-    let report = short_run(
-        "nats://127.0.0.1:4222",
-        "61",
-        &[
-            "--database-url",
-            &primary,
-            "--standby-url",
-            &standby,
-            "--failover",
-            &failover,
-        ],
-    );
+    let (_runtime, _pair, flags) = pair(Replication::Synchronous);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let report = short_run("nats://127.0.0.1:4222", "61", &flags);
     check(
         &report,
         3000,
@@ -353,24 +378,15 @@ fn a_synchronous_postgres_failover_loses_no_order_and_charges_none_twice() {
 
 /// The same failover with an asynchronous standby cut off from its primary once the
 /// run's tables reached it (its replication link stalled: a partition between zones),
-/// so the primary dies with every order placed until then unsent. Nothing on oncebox's side can
-/// keep them; the campaign must not hide it. The run fails, and its audit counts what a user of
-/// asynchronous replication risks: orders whose commit returned success and that the new
-/// primary does not have, orders published that it does not have, deliveries
-/// acknowledged whose charge vanished with the old primary.
+/// so the primary dies with every order placed since unsent. Nothing on oncebox's side
+/// can keep them; the campaign must not hide it. The run fails, and its audit counts
+/// what a user of asynchronous replication risks: orders whose commit returned success
+/// and that the new primary does not have, orders published that it does not have,
+/// deliveries acknowledged whose charge vanished with the old primary.
 #[test]
 fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit_says_so() {
-    use oncebox_testkit::pg_pair::{PgPair, Replication};
-
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let pair = runtime
-        .block_on(PgPair::start(Replication::Asynchronous))
-        .expect("a primary with an asynchronous standby");
-    let (primary, standby, failover) = (
-        pair.primary_url(),
-        pair.standby_url(),
-        pair.failover_command(),
-    );
+    let (_runtime, pair, flags) = pair(Replication::Asynchronous);
+    let standby = pair.standby_url();
     // The failover alone: no other fault muddles the count.
     let mut args = vec!["--broker-url", "nats://127.0.0.1:4222", "--orders", "3000"];
     args.extend_from_slice(&["--rate", "300", "--seed", "62"]);
@@ -383,10 +399,11 @@ fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit
     ] {
         args.extend_from_slice(&[none, "0"]);
     }
-    args.extend_from_slice(&["--slowdowns", "0", "--database-url", &primary]);
-    args.extend_from_slice(&["--standby-url", &standby, "--failover", &failover]);
+    args.extend_from_slice(&["--slowdowns", "0"]);
+    args.extend(flags.iter().map(String::as_str));
     // Lost orders are never charged: the drain gives up on them after 10 s.
-    args.extend_from_slice(&["--drain-timeout", "10s"]);
+    // The run fails by design: what it made on the shared broker goes with it.
+    args.extend_from_slice(&["--drain-timeout", "10s", "--discard"]);
     let (report, passed) = run_chaos_while(&args, || {
         // The run's tables on the standby (the last one the run makes), then the link
         // stalls: the orders from now on stay on the primary.
@@ -408,7 +425,7 @@ fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit
     eprintln!(
         "asynchronous failover: {} of 3000 acknowledged orders lost · {} published, never committed · {} committed, never charged · {} charged once",
         3000 - committed,
-        count(&report, "published", "never_committed"),
+        count(&report, "published", "not_in_database"),
         count(&report, "ledger", "never_charged"),
         count(&report, "ledger", "charged_once"),
     );
@@ -417,35 +434,79 @@ fn an_asynchronous_postgres_failover_loses_what_the_standby_lacked_and_the_audit
         "the lagging standby lacked the last commits: {report}"
     );
     assert!(
+        count(&report, "published", "not_in_database") > 0,
+        "the audit found orders published for commits the new primary lacks: {report}"
+    );
+    assert!(
         !passed,
         "a run that lost acknowledged orders fails: {report}"
     );
-    assert_eq!(count(&report, "ledger", "charged_twice"), 0, "{report}");
+    // Not checked: charges twice. An order whose commit the relay published but whose
+    // reply the failover swallowed, then gone from the new primary, is placed again
+    // under a new message id, which no inbox recognises: a risk of asynchronous
+    // replication, counted in the report, not ruled out.
 }
 
-/// The seeds of the local three-node NATS cluster (`scripts/services.sh nats-cluster`).
-const NATS_CLUSTER: &str = "nats://127.0.0.1:4251,nats://127.0.0.1:4252,nats://127.0.0.1:4253";
-
-/// A three-node NATS cluster with the run's stream on all three (R3): the node leading
-/// the stream is killed (SIGKILL) and started again twice, on top of the short run's
-/// kills, pause, termination and link faults (each process reaches every seed through
-/// proxies of its own).
+/// `--cluster`: the clustered services of `scripts/services.sh postgres-pair
+/// nats-cluster` (the pair made anew for the run), with the short run's faults, PostgreSQL
+/// failed over to its synchronous standby once, and the three-node NATS cluster's node
+/// leading the run's R3 stream killed and started again twice (each process reaches every
+/// seed through proxies of its own).
 #[test]
-fn a_nats_cluster_survives_its_stream_leader_killed_twice() {
-    let restart_leader = format!("{} restart nats-cluster", services());
-    let report = short_run(
-        NATS_CLUSTER,
-        "51",
+fn a_clustered_run_survives_a_postgres_failover_and_its_stream_leader_killed_twice() {
+    let made = Command::new(services())
+        .args(["postgres-pair", "nats-cluster"])
+        .status()
+        .expect("scripts/services.sh runs");
+    assert!(made.success(), "the clustered services are up");
+    let report = chaos(&short_run_args("51", &["--cluster"]));
+    assert_eq!(report["broker"], "nats", "{report}");
+    check(
+        &report,
+        3000,
         &[
-            "--stream-replicas",
-            "3",
+            ("kill", 8),
+            ("terminate_relay_connections", 1),
+            ("cut", 2),
+            ("stall", 2),
+            ("slow", 2),
+            ("restart_broker", 2),
+            ("failover_postgres", 1),
+        ],
+    );
+}
+
+/// The nodes of the local three-node RabbitMQ cluster (`scripts/services.sh
+/// rabbitmq-cluster`).
+#[cfg(feature = "rabbitmq")]
+const RABBITMQ_CLUSTER: &str = "amqp://guest:guest@127.0.0.1:5681/%2f,amqp://guest:guest@127.0.0.1:5682/%2f,amqp://guest:guest@127.0.0.1:5683/%2f";
+
+/// A three-node RabbitMQ cluster whose quorum queues are kept on all three: the node
+/// holding the leader of the payment service's queue is killed (SIGKILL of its Erlang
+/// VM) and started again twice, on top of the short run's kills, pause, termination
+/// and link faults (each process reaches every node through proxies of its own, and
+/// reconnects to another node when its own dies).
+#[test]
+#[cfg(feature = "rabbitmq")]
+fn a_rabbitmq_cluster_survives_its_queue_leader_killed_twice() {
+    let services = services();
+    let up = Command::new(&services)
+        .arg("rabbitmq-cluster")
+        .status()
+        .expect("scripts/services.sh runs");
+    assert!(up.success(), "the RabbitMQ cluster does not start: {up}");
+    let restart_leader = format!("{services} restart rabbitmq-cluster");
+    let report = short_run(
+        RABBITMQ_CLUSTER,
+        "71",
+        &[
             "--restart-broker",
             &restart_leader,
             "--broker-restarts",
             "2",
         ],
     );
-    assert_eq!(report["broker"], "nats", "{report}");
+    assert_eq!(report["broker"], "rabbitmq", "{report}");
     check(
         &report,
         3000,

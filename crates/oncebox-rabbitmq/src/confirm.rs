@@ -120,8 +120,8 @@ fn stopped() -> Error {
 /// Opens a link for `role`: connection, confirm channel, and the exchange if it
 /// publishes to one.
 async fn connect(settings: &Settings, role: Role) -> Result<Link> {
-    crate::connection::setting_up(settings, async {
-        let link = Link::open(settings, role.name()).await?;
+    crate::connection::setting_up(settings, |node| async move {
+        let link = Link::open(settings, node, role.name()).await?;
         link.confirm().await?;
         if role == Role::Publisher {
             link.exchange(settings).await?;

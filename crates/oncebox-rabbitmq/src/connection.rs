@@ -12,27 +12,58 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use oncebox_core::Result;
 
 use crate::error::{RabbitError, setup_error};
-use crate::options::Settings;
+use crate::options::{Node, Settings};
 
-/// Runs `setup` (opening a [`Link`] and declaring what it needs) within the connect
-/// timeout. A broker that is starting accepts connections before it answers on them
-/// (seen while RabbitMQ restarts its application): without the bound, a reconnecting
-/// subscriber would wait there for good, holding its prefetched deliveries.
+/// Runs `setup` (opening a [`Link`] to the node it is given and declaring what it
+/// needs) on each node in turn until it succeeds on one, each attempt within the
+/// connect timeout. A broker that is starting accepts connections before it answers on
+/// them (seen while RabbitMQ restarts its application): without the bound, a
+/// reconnecting subscriber would wait there for good, holding its prefetched
+/// deliveries.
 ///
 /// # Errors
 ///
-/// The errors of `setup`, and a transient [`RabbitError::ConnectTimeout`].
-pub(crate) async fn setting_up<T>(
-    settings: &Settings,
-    setup: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(settings.connect_timeout, setup).await {
-        Ok(result) => result,
-        Err(_) => Err(setup_error(RabbitError::ConnectTimeout {
-            url: settings.url.clone(),
-            timeout: settings.connect_timeout,
-        })),
+/// With one node, the errors of `setup` and a transient
+/// [`RabbitError::ConnectTimeout`]. With several, when every node failed,
+/// [`RabbitError::NoNodeReachable`] with each node's error, transient unless every
+/// node refused for good (credentials, permissions, arguments of an existing queue).
+pub(crate) async fn setting_up<'a, T, F>(
+    settings: &'a Settings,
+    setup: impl Fn(&'a Node) -> F,
+) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
+    let mut failures = Vec::new();
+    for (index, node) in settings.nodes_in_turn() {
+        let error = match tokio::time::timeout(settings.connect_timeout, setup(node)).await {
+            Ok(Ok(value)) => {
+                settings.connected_to(index);
+                return Ok(value);
+            }
+            Ok(Err(error)) => error,
+            Err(_) => setup_error(RabbitError::ConnectTimeout {
+                url: node.url.clone(),
+                timeout: settings.connect_timeout,
+            }),
+        };
+        if settings.nodes.len() > 1 {
+            tracing::debug!(node = %node.url, %error, "cannot connect to this RabbitMQ node; trying the next");
+        }
+        failures.push((node.url.clone(), error));
     }
+    if failures.len() == 1
+        && let Some((_, error)) = failures.pop()
+    {
+        return Err(error);
+    }
+    let transient = failures.iter().any(|(_, error)| error.is_transient());
+    let error = RabbitError::NoNodeReachable { failures };
+    Err(if transient {
+        error.transient()
+    } else {
+        error.permanent()
+    })
 }
 
 /// A connection with the one channel the transport uses on it.
@@ -46,22 +77,22 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Opens a connection for `role` (named in the management UI) and a channel on it.
-    /// Unbounded in time: callers run it in [`setting_up`].
+    /// Opens a connection to `node` for `role` (named in the management UI) and a
+    /// channel on it. Unbounded in time: callers run it in [`setting_up`].
     ///
     /// # Errors
     ///
     /// Transient when the broker cannot be reached, permanent when it refuses the
     /// credentials or the vhost.
-    pub(crate) async fn open(settings: &Settings, role: &str) -> Result<Self> {
+    pub(crate) async fn open(settings: &Settings, node: &Node, role: &str) -> Result<Self> {
         let name = format!("{} ({role})", settings.connection_name);
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from(name));
-        let connection = Connection::connect_uri(settings.uri.clone(), properties)
+        let connection = Connection::connect_uri(node.uri.clone(), properties)
             .await
             .map_err(|source| {
                 setup_error(RabbitError::Connect {
-                    url: settings.url.clone(),
+                    url: node.url.clone(),
                     source,
                 })
             })?;
@@ -112,7 +143,7 @@ impl Link {
             {
                 RabbitError::ExchangeNotFound {
                     exchange: settings.exchange.to_string(),
-                    vhost: settings.uri.vhost.clone(),
+                    vhost: settings.vhost.clone(),
                     source,
                 }
             } else {

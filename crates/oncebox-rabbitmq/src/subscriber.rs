@@ -14,7 +14,7 @@ use crate::connection::{GroupNames, Link};
 use crate::dead_letters::{DeadLetterSink, Original};
 use crate::delivery::{Expiry, RabbitDelivery};
 use crate::error::RabbitError;
-use crate::options::{RabbitOptions, Settings};
+use crate::options::{Node, RabbitOptions, Settings};
 
 /// A member of a consumer group: a consumer on the group's queue.
 ///
@@ -176,11 +176,11 @@ impl RabbitSubscriber {
 
 /// Opens a link, declares the group's topology and starts consuming.
 async fn consume(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
-    crate::connection::setting_up(settings, open_consuming(settings, names)).await
+    crate::connection::setting_up(settings, |node| open_consuming(settings, node, names)).await
 }
 
-async fn open_consuming(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
-    let link = Link::open(settings, "subscriber").await?;
+async fn open_consuming(settings: &Settings, node: &Node, names: &GroupNames) -> Result<Consuming> {
+    let link = Link::open(settings, node, "subscriber").await?;
     link.exchange(settings).await?;
     link.group(settings, names).await?;
     link.prefetch(settings.prefetch).await?;

@@ -88,7 +88,8 @@ pub(crate) struct ChaosArgs {
     #[arg(long, env = "ONCEBOX_PG_URL", default_value = crate::bench::DEFAULT_PG_URL, hide_env_values = true)]
     database_url: String,
     /// The broker: nats://…, amqp://…, kafka://HOST:PORT, redis://…. A NATS cluster
-    /// takes its seeds separated by commas (nats://127.0.0.1:4251,nats://127.0.0.1:4252,…).
+    /// takes its seeds separated by commas (nats://127.0.0.1:4251,nats://127.0.0.1:4252,…),
+    /// a RabbitMQ cluster its nodes (amqp://guest:guest@127.0.0.1:5681/%2f,…).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     broker_url: String,
     /// NATS: the servers of the cluster that keep the run's stream (3 for an R3 stream).
@@ -331,10 +332,11 @@ fn named_store_url(url: &str, name: &str) -> String {
 
 /// `text` without its password, and the password (decoded): the services take it as a
 /// setting of their own, never in a URL. The inverse of the oncebox command's
-/// `with_password` (its `config/url.rs`). A NATS cluster's seeds (URLs separated by
-/// commas) each lose theirs; the first is the one returned.
+/// `with_password` (its `config/url.rs`). A NATS cluster's seeds and a RabbitMQ
+/// cluster's nodes (URLs separated by commas) each lose theirs; the first is the one
+/// returned.
 fn split_password(text: &str) -> (String, Option<String>) {
-    if text.starts_with("nats://") && text.contains(',') {
+    if (text.starts_with("nats://") || text.starts_with("amqp")) && text.contains(',') {
         let (seeds, passwords): (Vec<_>, Vec<_>) = text.split(',').map(split_password).unzip();
         return (seeds.join(","), passwords.into_iter().flatten().next());
     }
@@ -457,6 +459,7 @@ async fn run_in(
         struck: BTreeMap::new(),
         walsenders_terminated: 0,
         database,
+        queue: payments_group.clone(),
     };
 
     let started = Instant::now();
@@ -633,6 +636,13 @@ mod tests {
             (
                 "amqp://guest@127.0.0.1:5672/%2f".to_owned(),
                 Some("p@ss".to_owned())
+            )
+        );
+        assert_eq!(
+            split_password("amqp://guest:pw@127.0.0.1:5681/%2f,amqp://guest:pw@127.0.0.1:5682/%2f"),
+            (
+                "amqp://guest@127.0.0.1:5681/%2f,amqp://guest@127.0.0.1:5682/%2f".to_owned(),
+                Some("pw".to_owned())
             )
         );
         assert_eq!(
