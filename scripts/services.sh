@@ -386,7 +386,11 @@ restart_rabbitmq_cluster() {
   fi
   kill -KILL "$pid"
   for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
-  log "killed RabbitMQ cluster node oncebox-c$node (pid $pid), leader of quorum queue ${ONCEBOX_QUEUE:-(none named)}"
+  if [ -n "${ONCEBOX_QUEUE:-}" ]; then
+    log "killed RabbitMQ cluster node oncebox-c$node (pid $pid), leader of quorum queue $ONCEBOX_QUEUE"
+  else
+    log "killed RabbitMQ cluster node oncebox-c$node (pid $pid; ONCEBOX_QUEUE names no queue)"
+  fi
   sleep 2
   rabbit_node_start "$node"
   wait_for 127.0.0.1 "568$node" "RabbitMQ cluster node oncebox-c$node"

@@ -529,3 +529,89 @@ async fn headers_over_the_frame_size_fail_permanently() -> oncebox_core::Result<
     assert_eq!(delivery.received().id, Some(small.id));
     delivery.ack().await
 }
+
+/// A reconnection cut short: while the subscriber reconnects over a slow link, `next` is
+/// called with a timeout, each call cancelled a little later than the one before, so
+/// that some are cancelled after the consumer was asked for and before the broker's
+/// answer came. Dropped there, a connection stays open with the consumer the broker
+/// registered, which is handed deliveries (up to the prefetch) that no one reads and
+/// that stay unacknowledged as long as the process lives; the reconnection must go on
+/// in the background instead. (Seen on a cluster, where asking for a consumer waits
+/// for a quorum queue's new leader.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_cut_short_by_a_cancelled_next_leaves_no_consumer_behind()
+-> oncebox_core::Result<()> {
+    use oncebox_core::Backoff;
+    use oncebox_rabbitmq::lapin::uri::AMQPUri;
+    use oncebox_testkit::proxy::Proxy;
+    use tokio::time::Instant;
+
+    const DELAY: Duration = Duration::from_millis(50);
+    let harness = RabbitHarness::new();
+    let uri: AMQPUri = amqp_url().parse().map_err(Error::transport_permanent)?;
+    let target = format!("{}:{}", uri.authority.host, uri.authority.port);
+    let proxy = Proxy::start(target.clone())
+        .await
+        .map_err(Error::transport_permanent)?;
+    let through = amqp_url().replacen(&target, &format!("127.0.0.1:{}", proxy.port()), 1);
+    assert_ne!(
+        through,
+        amqp_url(),
+        "the broker URL names its host and port"
+    );
+    let options = RabbitOptions::new(through)
+        .exchange(harness.exchange.clone())
+        .reconnect(
+            Backoff::new()
+                .initial(Duration::from_millis(50))
+                .max(Duration::from_millis(200)),
+        );
+    let topic = harness.fresh_topic("orders").await?;
+    let group = unique("payments");
+    harness.record_group(&topic, &group);
+
+    // How long setting up takes over the slow link.
+    proxy.slow(DELAY);
+    let started = Instant::now();
+    let mut subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
+    let setup = started.elapsed();
+    proxy.cut();
+    let lost = tokio::time::timeout(PATIENCE, subscriber.next())
+        .await
+        .expect("the lost link is reported");
+    assert!(lost.is_err_and(|error| error.is_transient()));
+    proxy.restore();
+    proxy.slow(DELAY);
+    // Calls cancelled at instants sweeping the last round trips of a setup.
+    let mut after = setup.saturating_sub(DELAY * 5);
+    while after < setup + DELAY * 2 {
+        let _ = tokio::time::timeout(after, subscriber.next()).await;
+        after += DELAY / 2;
+    }
+    proxy.restore();
+
+    let publisher = harness.publisher().await?;
+    let count = 200;
+    for i in 0..count {
+        publisher
+            .publish(&Message::new(topic.as_str(), format!("{i}")).with_key("k"))
+            .await?;
+    }
+    let mut received = HashSet::new();
+    let deadline = Instant::now() + PATIENCE;
+    while received.len() < count && Instant::now() < deadline {
+        if let Ok(delivery) = tokio::time::timeout(Duration::from_secs(1), subscriber.next()).await
+        {
+            let delivery = delivery?;
+            received.insert(delivery.received().payload.clone());
+            delivery.ack().await?;
+        }
+    }
+    assert_eq!(
+        received.len(),
+        count,
+        "messages held by a consumer left behind by a cancelled reconnection"
+    );
+    subscriber.close().await;
+    Ok(())
+}
