@@ -157,8 +157,8 @@ pub async fn peek_dead_letters(
 ) -> Result<Vec<DeadLetter>> {
     let settings = options.settings()?;
     let names = GroupNames::new("", group)?;
-    let link = crate::connection::setting_up(&settings, |node| {
-        Link::open(&settings, node, "dead letter reader")
+    let link = crate::connection::setting_up(&settings, |settings, node| async move {
+        Link::open(&settings, node, "dead letter reader").await
     })
     .await?;
     let mut letters = Vec::new();

@@ -421,6 +421,11 @@ impl Settings {
         })
     }
 
+    /// Node `index` (of [`nodes_in_turn`](Self::nodes_in_turn)).
+    pub(crate) fn node(&self, index: usize) -> &Node {
+        &self.nodes[index % self.nodes.len()]
+    }
+
     /// Notes that a connection to node `index` opened: the next starts after it.
     pub(crate) fn connected_to(&self, index: usize) {
         self.next_node
@@ -474,6 +479,59 @@ mod tests {
         assert_eq!(redact("amqp://user@host/v"), "amqp://user@host/v");
         assert_eq!(redact("not a url"), "not a url");
         assert_eq!(redact("amqp://a:b@c@host/x@y"), "amqp://a:***@host/x@y");
+    }
+
+    #[test]
+    fn a_cluster_names_distinct_nodes_of_one_vhost() {
+        let options = RabbitOptions::new("amqp://app:pw@mq-1:5672/shop")
+            .node("amqps://app:pw@mq-2:5671/shop")
+            .node("amqp://app:pw@mq-3:5672/shop");
+        assert!(options.validate().is_ok());
+        assert_eq!(
+            options.redacted_url(),
+            "amqp://app:***@mq-1:5672/shop,amqps://app:***@mq-2:5671/shop,amqp://app:***@mq-3:5672/shop"
+        );
+        assert!(!format!("{options:?}").contains(":pw@"));
+        for (bad, problem) in [
+            (
+                options.clone().node("amqp://app@mq-4:5672/other"),
+                "node 4 (amqp://app@mq-4:5672/other) names vhost \"other\", node 1 \"shop\"",
+            ),
+            (
+                options.clone().node("amqps://app:other@mq-2:5671/shop"),
+                "is listed twice",
+            ),
+            (
+                options.clone().node("http://mq-4"),
+                "invalid AMQP URL node 4",
+            ),
+        ] {
+            let error = bad.validate().expect_err(problem);
+            assert!(error.is_invalid_input(), "{error}");
+            assert!(error.to_string().contains(problem), "{error}");
+        }
+    }
+
+    #[test]
+    fn reconnections_start_after_the_node_last_connected_to() {
+        let settings = RabbitOptions::new("amqp://mq-1/%2f")
+            .node("amqp://mq-2/%2f")
+            .node("amqp://mq-3/%2f")
+            .settings()
+            .expect("valid");
+        let order = |settings: &Settings| -> Vec<usize> {
+            settings.nodes_in_turn().map(|(index, _)| index).collect()
+        };
+        assert_eq!(order(&settings), [0, 1, 2]);
+        settings.connected_to(0);
+        assert_eq!(order(&settings), [1, 2, 0]);
+        settings.connected_to(2);
+        assert_eq!(order(&settings), [0, 1, 2]);
+        let single = RabbitOptions::new("amqp://mq-1/%2f")
+            .settings()
+            .expect("valid");
+        single.connected_to(0);
+        assert_eq!(order(&single), [0]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::connection::{GroupNames, Link};
 use crate::dead_letters::{DeadLetterSink, Original};
 use crate::delivery::{Expiry, RabbitDelivery};
 use crate::error::RabbitError;
-use crate::options::{Node, RabbitOptions, Settings};
+use crate::options::{RabbitOptions, Settings};
 
 /// A member of a consumer group: a consumer on the group's queue.
 ///
@@ -191,8 +191,11 @@ impl RabbitSubscriber {
 /// Opens a link, declares the group's topology and starts consuming. Run in a task of
 /// its own (see [`RabbitSubscriber::connecting`]).
 async fn consume(settings: Arc<Settings>, names: GroupNames) -> Result<Consuming> {
-    let settings = &*settings;
-    crate::connection::setting_up(settings, |node| open_consuming(settings, node, &names)).await
+    crate::connection::setting_up(&settings, |settings, node| {
+        let names = names.clone();
+        async move { open_consuming(&settings, node, &names).await }
+    })
+    .await
 }
 
 /// The outcome of a [`consume`] task.
@@ -206,7 +209,7 @@ fn joined(
     })
 }
 
-async fn open_consuming(settings: &Settings, node: &Node, names: &GroupNames) -> Result<Consuming> {
+async fn open_consuming(settings: &Settings, node: usize, names: &GroupNames) -> Result<Consuming> {
     let link = Link::open(settings, node, "subscriber").await?;
     link.exchange(settings).await?;
     link.group(settings, names).await?;

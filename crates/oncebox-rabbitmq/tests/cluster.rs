@@ -146,6 +146,10 @@ async fn every_confirmed_message_is_delivered_after_the_queue_leader_node_is_kil
         .map_err(Error::transport_permanent)?;
     let exchange = unique("oncebox-cluster");
     let (topic, group) = (unique("orders"), unique("payments"));
+    let _cleanup = Cleanup {
+        queues: vec![group.clone(), oncebox_rabbitmq::dead_queue_name(&group)],
+        exchange: exchange.clone(),
+    };
     let mut subscriber =
         RabbitSubscriber::connect(&cluster_options(0, &exchange), &topic, &group).await?;
     let publisher = RabbitPublisher::connect(&cluster_options(1, &exchange)).await?;
@@ -259,12 +263,31 @@ async fn every_confirmed_message_is_delivered_after_the_queue_leader_node_is_kil
         "the subscriber's node was killed, yet it never lost its link"
     );
     subscriber.close().await;
-    delete_on_cluster(
-        &[group.clone(), oncebox_rabbitmq::dead_queue_name(&group)],
-        &exchange,
-    )
-    .await;
     Ok(())
+}
+
+/// Deletes the test's queues and exchange from the cluster when dropped, whether the
+/// test passed or not.
+struct Cleanup {
+    queues: Vec<String>,
+    exchange: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (queues, exchange) = (std::mem::take(&mut self.queues), self.exchange.clone());
+        // Its own runtime on its own thread: this runs inside the test's runtime, or
+        // while a failed test unwinds.
+        let cleanup = std::thread::spawn(move || {
+            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                runtime.block_on(delete_on_cluster(&queues, &exchange));
+            }
+        });
+        let _ = cleanup.join();
+    }
 }
 
 /// Deletes `queues` and `exchange` through the first node that answers, best effort.
