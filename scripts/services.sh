@@ -3,9 +3,11 @@
 # which the tests start themselves).
 #
 #   scripts/services.sh NAME...
-#   scripts/services.sh restart NAME     (postgres, nats, nats-cluster, rabbitmq, redis: for
-#                                         `oncebox-bench chaos`; nats-cluster kills the node
-#                                         leading stream $ONCEBOX_STREAM, see below)
+#   scripts/services.sh restart NAME     (postgres, nats, nats-cluster, rabbitmq,
+#                                         rabbitmq-cluster, redis: for `oncebox-bench chaos`;
+#                                         nats-cluster kills the node leading stream
+#                                         $ONCEBOX_STREAM, rabbitmq-cluster the node leading
+#                                         quorum queue $ONCEBOX_QUEUE, see below)
 #   scripts/services.sh restart redis-cluster-master
 #                                         kills a master of the Redis Cluster (SIGKILL),
 #                                         waits for its replica's promotion, starts it
@@ -235,6 +237,168 @@ restart_nats_cluster() {
   nats_node_healthy "$node"
 }
 
+# rabbitmq-cluster: three clustered RabbitMQ nodes of their own, for quorum queues kept
+# on all three. Node N (1-3) is oncebox-cN@localhost, takes AMQP on 568N and Erlang
+# distribution on 2568N, keeps everything in $RABBIT_CLUSTER/cN (its own configuration
+# file, plugins file, Erlang cookie and pid file; no plugin): nothing of the machine's
+# own node (rabbit@localhost, 5672, 25672, /etc/rabbitmq) is read or touched.
+RABBIT_CLUSTER=/var/lib/oncebox/rabbitmq-cluster
+
+# rabbit_node_env N: the environment of node N, for its server and for rabbitmqctl.
+rabbit_node_env() {
+  local n=$1 dir=$RABBIT_CLUSTER
+  echo HOME="$dir" \
+    RABBITMQ_NODENAME="oncebox-c$n@localhost" \
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="568$n" \
+    RABBITMQ_DIST_PORT="2568$n" \
+    RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" \
+    RABBITMQ_CONFIG_FILE="$dir/c$n.conf" \
+    RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
+    RABBITMQ_MNESIA_BASE="$dir/c$n/mnesia" \
+    RABBITMQ_LOG_BASE="$dir/c$n/log" \
+    RABBITMQ_PID_FILE="$dir/c$n.pid" \
+    ERL_EPMD_ADDRESS=127.0.0.1
+}
+
+# rabbit_ctl N ARGS...: rabbitmqctl (or another CLI tool, with RABBIT_TOOL) on node N,
+# with the cluster's cookie.
+rabbit_ctl() {
+  local n=$1
+  shift
+  # shellcheck disable=SC2046
+  env $(rabbit_node_env "$n") "/usr/lib/rabbitmq/bin/${RABBIT_TOOL:-rabbitmqctl}" \
+    -n "oncebox-c$n@localhost" "$@"
+}
+
+rabbit_node_start() {
+  local n=$1 dir=$RABBIT_CLUSTER
+  mkdir -p "$dir/c$n/mnesia" "$dir/c$n/log"
+  printf 'listeners.tcp.local = 127.0.0.1:568%s\nloopback_users.guest = true\n' "$n" >"$dir/c$n.conf"
+  # shellcheck disable=SC2046
+  env $(rabbit_node_env "$n") \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/c$n/log/startup.log" 2>&1 </dev/null &
+}
+
+# The nodes that node N says run in its cluster, one a line (nothing if it does not
+# answer).
+rabbit_running_nodes() {
+  rabbit_ctl "$1" -q cluster_status --formatter json 2>/dev/null | python3 -c 'import json, sys
+try: print("\n".join(json.load(sys.stdin)["running_nodes"]))
+except Exception: pass'
+}
+
+rabbit_cluster_up() {
+  local n
+  for n in 1 2 3; do port_open "568$n" || return 1; done
+  [ "$(rabbit_running_nodes 1 | grep -c '^oncebox-c[123]@localhost$')" = 3 ]
+}
+
+# Waits up to 120 s until node N has booted and runs with all three nodes.
+rabbit_node_joined() {
+  local n=$1
+  rabbit_ctl "$n" -q await_startup --timeout 120 >/dev/null 2>&1 || true
+  for _ in $(seq 1 240); do
+    if port_open "568$n" && [ "$(rabbit_running_nodes "$n" | grep -c '^oncebox-c[123]@localhost$')" = 3 ]; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "RabbitMQ cluster node oncebox-c$n did not rejoin within 120 s (see $RABBIT_CLUSTER/c$n/log)"
+  return 1
+}
+
+ensure_rabbitmq_cluster() {
+  local n dir=$RABBIT_CLUSTER
+  rabbit_cluster_up && return 0
+  command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  mkdir -p "$dir"
+  chmod 700 "$dir"
+  if [ ! -s "$dir/.erlang.cookie" ]; then
+    (umask 077 && head -c 30 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/.erlang.cookie")
+  fi
+  chmod 400 "$dir/.erlang.cookie"
+  echo '[].' >"$dir/enabled_plugins"
+  : >"$dir/rabbitmq-env.conf"
+  for n in 1 2 3; do
+    port_open "568$n" || rabbit_node_start "$n"
+  done
+  for n in 1 2 3; do
+    wait_for 127.0.0.1 "568$n" "RabbitMQ cluster node oncebox-c$n"
+    rabbit_ctl "$n" -q await_startup --timeout 120 >/dev/null
+  done
+  # A node that does not see the first one in its cluster joins it (its own data, if
+  # any, is dropped: a fresh node has none).
+  for n in 2 3; do
+    if ! rabbit_running_nodes "$n" | grep -q '^oncebox-c1@localhost$'; then
+      # The CLI prints the boot's warnings: kept in the node's log directory.
+      if ! { rabbit_ctl "$n" -q stop_app && rabbit_ctl "$n" -q reset \
+        && rabbit_ctl "$n" -q join_cluster oncebox-c1@localhost \
+        && rabbit_ctl "$n" -q start_app; } >"$dir/c$n/log/join.log" 2>&1; then
+        log "RabbitMQ cluster node oncebox-c$n could not join oncebox-c1 (see $dir/c$n/log/join.log)"
+        return 1
+      fi
+    fi
+  done
+  for n in 1 2 3; do rabbit_node_joined "$n"; done
+  log "RabbitMQ cluster is up on 127.0.0.1:5681-5683 (oncebox-c1..c3@localhost)"
+}
+
+# The node (1-3) holding the leader of quorum queue $1, as node N ($2) sees it, or
+# nothing.
+rabbit_queue_leader() {
+  rabbit_ctl "$2" -q list_queues name leader --formatter json 2>/dev/null | python3 -c 'import json, sys
+try:
+    for queue in json.load(sys.stdin):
+        if queue["name"] == sys.argv[1]:
+            leader = queue.get("leader") or ""
+            if leader.startswith("oncebox-c") and leader.endswith("@localhost"):
+                print(leader[len("oncebox-c"):-len("@localhost")])
+except Exception: pass' "$1"
+}
+
+# Restarts the node holding the leader of quorum queue $ONCEBOX_QUEUE (node 1 when it is
+# unset): SIGKILL of its Erlang VM, 2 s down, started again on the same data; waits
+# until it answers AMQP and runs in the cluster again. Says which node it killed.
+restart_rabbitmq_cluster() {
+  local n node="" pid
+  if [ -n "${ONCEBOX_QUEUE:-}" ]; then
+    for _ in $(seq 1 20); do
+      for n in 1 2 3; do
+        node=$(rabbit_queue_leader "$ONCEBOX_QUEUE" "$n")
+        [ -n "$node" ] && break 2
+      done
+      sleep 0.5
+    done
+    if [ -z "$node" ]; then
+      log "no node of the RabbitMQ cluster leads quorum queue $ONCEBOX_QUEUE"
+      return 1
+    fi
+  else
+    node=1
+  fi
+  pid=$(cat "$RABBIT_CLUSTER/c$node.pid" 2>/dev/null || true)
+  # The pid file may be stale: kill only the Erlang VM of that node.
+  if [ -z "$pid" ] || ! running "$pid" \
+    || ! tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "RABBITMQ_NODENAME=oncebox-c$node@localhost"; then
+    log "RabbitMQ cluster node oncebox-c$node is not running (pid file $RABBIT_CLUSTER/c$node.pid)"
+    return 1
+  fi
+  kill -KILL "$pid"
+  for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
+  if [ -n "${ONCEBOX_QUEUE:-}" ]; then
+    log "killed RabbitMQ cluster node oncebox-c$node (pid $pid), leader of quorum queue $ONCEBOX_QUEUE"
+  else
+    log "killed RabbitMQ cluster node oncebox-c$node (pid $pid; ONCEBOX_QUEUE names no queue)"
+  fi
+  sleep 2
+  rabbit_node_start "$node"
+  wait_for 127.0.0.1 "568$node" "RabbitMQ cluster node oncebox-c$node"
+  rabbit_node_joined "$node"
+}
+
 # Kafka: no Kafka broker comes with the machine, so the tests run against tansu, a
 # Kafka-protocol broker with in-memory storage, installed once under $TOOLS and reused.
 TOOLS=${ONCEBOX_TOOLS:-$HOME/.cache/oncebox/tools}
@@ -418,6 +582,7 @@ restart() {
     rabbitmq)
       rabbitmqctl -q stop_app && rabbitmqctl -q start_app
       wait_for 127.0.0.1 5672 RabbitMQ ;;
+    rabbitmq-cluster) restart_rabbitmq_cluster ;;
     redis)
       # A snapshot written at shutdown, where the next start loads it: every write the
       # server acknowledged survives, as with a graceful restart of a persistent Redis.
@@ -469,6 +634,7 @@ for service in "$@"; do
     redis) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
     rabbitmq) ensure_rabbitmq ;;
+    rabbitmq-cluster) ensure_rabbitmq_cluster ;;
     nats) ensure_nats ;;
     nats-cluster) ensure_nats_cluster ;;
     kafka) ensure_kafka ;;

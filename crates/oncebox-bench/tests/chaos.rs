@@ -7,6 +7,8 @@
 //! from the outbox table's inserts: the reader and standbys killed, the reader paused,
 //! the walsender terminated, a link cut; the slot must also pass the last order. And a
 //! run on a three-node NATS cluster (`scripts/services.sh nats-cluster`) whose stream,
+//! kept on all three, loses its leader node twice, and one on a three-node RabbitMQ
+//! cluster (`scripts/services.sh rabbitmq-cluster`) whose payment queue, a quorum queue
 //! kept on all three, loses its leader node twice.
 //!
 //! The restarts go through `scripts/services.sh restart`, and stop the shared services
@@ -440,4 +442,38 @@ fn a_clustered_run_survives_a_postgres_failover_and_its_stream_leader_killed_twi
     let report = chaos(&short_run_args("51", &["--cluster"]));
     assert_eq!(report["broker"], "nats", "{report}");
     check_short_run(&report, &[("restart_broker", 2), ("failover_postgres", 1)]);
+}
+
+/// The nodes of the local three-node RabbitMQ cluster (`scripts/services.sh
+/// rabbitmq-cluster`).
+#[cfg(feature = "rabbitmq")]
+const RABBITMQ_CLUSTER: &str = "amqp://guest:guest@127.0.0.1:5681/%2f,amqp://guest:guest@127.0.0.1:5682/%2f,amqp://guest:guest@127.0.0.1:5683/%2f";
+
+/// A three-node RabbitMQ cluster whose quorum queues are kept on all three: the node
+/// holding the leader of the payment service's queue is killed (SIGKILL of its Erlang
+/// VM) and started again twice, on top of the short run's kills, pause, termination
+/// and link faults (each process reaches every node through proxies of its own, and
+/// reconnects to another node when its own dies).
+#[test]
+#[cfg(feature = "rabbitmq")]
+fn a_rabbitmq_cluster_survives_its_queue_leader_killed_twice() {
+    let services = services();
+    let up = Command::new(&services)
+        .arg("rabbitmq-cluster")
+        .status()
+        .expect("scripts/services.sh runs");
+    assert!(up.success(), "the RabbitMQ cluster does not start: {up}");
+    let restart_leader = format!("{services} restart rabbitmq-cluster");
+    let report = short_run(
+        RABBITMQ_CLUSTER,
+        "71",
+        &[
+            "--restart-broker",
+            &restart_leader,
+            "--broker-restarts",
+            "2",
+        ],
+    );
+    assert_eq!(report["broker"], "rabbitmq", "{report}");
+    check_short_run(&report, &[("restart_broker", 2)]);
 }

@@ -119,9 +119,10 @@ fn stopped() -> Error {
 
 /// Opens a link for `role`: connection, confirm channel, and the exchange if it
 /// publishes to one.
-async fn connect(settings: &Settings, role: Role) -> Result<Link> {
-    crate::connection::setting_up(settings, async {
-        let link = Link::open(settings, role.name()).await?;
+async fn connect(settings: &Arc<Settings>, role: Role) -> Result<Link> {
+    crate::connection::setting_up(settings, move |settings, node| async move {
+        let settings = &*settings;
+        let link = Link::open(settings, node, role.name()).await?;
         link.confirm().await?;
         if role == Role::Publisher {
             link.exchange(settings).await?;

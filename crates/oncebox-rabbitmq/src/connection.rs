@@ -7,6 +7,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use std::future::Future;
+use std::sync::Arc;
 
 use lapin::{Channel, Connection, ConnectionProperties};
 use oncebox_core::Result;
@@ -14,25 +15,68 @@ use oncebox_core::Result;
 use crate::error::{RabbitError, setup_error};
 use crate::options::Settings;
 
-/// Runs `setup` (opening a [`Link`] and declaring what it needs) within the connect
-/// timeout. A broker that is starting accepts connections before it answers on them
-/// (seen while RabbitMQ restarts its application): without the bound, a reconnecting
-/// subscriber would wait there for good, holding its prefetched deliveries.
+/// Runs `setup` (opening a [`Link`] to the node of the index it is given and declaring
+/// what it needs) on each node in turn until it succeeds on one, each attempt within
+/// the connect timeout. A broker that is starting accepts connections before it answers
+/// on them (seen while RabbitMQ restarts its application): without the bound, a
+/// reconnecting subscriber would wait there for good, holding its prefetched
+/// deliveries.
+///
+/// Each attempt runs in a task of its own, which an expired timeout (or a caller that
+/// drops this future) leaves running: what it sets up is dropped, and so closed, once
+/// it is. Dropped half-way, a link stays open: lapin keeps a connection whose
+/// `basic.consume` is unanswered, and the consumer the broker then registers is handed
+/// deliveries that no one reads or requeues while the process lives.
 ///
 /// # Errors
 ///
-/// The errors of `setup`, and a transient [`RabbitError::ConnectTimeout`].
-pub(crate) async fn setting_up<T>(
-    settings: &Settings,
-    setup: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(settings.connect_timeout, setup).await {
-        Ok(result) => result,
-        Err(_) => Err(setup_error(RabbitError::ConnectTimeout {
-            url: settings.url.clone(),
-            timeout: settings.connect_timeout,
-        })),
+/// With one node, the errors of `setup` and a transient
+/// [`RabbitError::ConnectTimeout`]. With several, when every node failed,
+/// [`RabbitError::NoNodeReachable`] with each node's error, transient unless every
+/// node refused for good (credentials, permissions, arguments of an existing queue).
+pub(crate) async fn setting_up<T, F>(
+    settings: &Arc<Settings>,
+    setup: impl Fn(Arc<Settings>, usize) -> F,
+) -> Result<T>
+where
+    F: Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut failures = Vec::new();
+    for (index, node) in settings.nodes_in_turn() {
+        let mut attempt = tokio::spawn(setup(Arc::clone(settings), index));
+        let error = match tokio::time::timeout(settings.connect_timeout, &mut attempt).await {
+            Ok(Ok(Ok(value))) => {
+                settings.connected_to(index);
+                return Ok(value);
+            }
+            Ok(Ok(Err(error))) => error,
+            Ok(Err(join)) => oncebox_core::Error::TaskLost(format!(
+                "connecting to RabbitMQ at {} ({join})",
+                node.url
+            )),
+            Err(_) => setup_error(RabbitError::ConnectTimeout {
+                url: node.url.clone(),
+                timeout: settings.connect_timeout,
+            }),
+        };
+        if settings.nodes.len() > 1 {
+            tracing::debug!(node = %node.url, %error, "cannot connect to this RabbitMQ node; trying the next");
+        }
+        failures.push((node.url.clone(), error));
     }
+    if failures.len() == 1
+        && let Some((_, error)) = failures.pop()
+    {
+        return Err(error);
+    }
+    let transient = failures.iter().any(|(_, error)| error.is_transient());
+    let error = RabbitError::NoNodeReachable { failures };
+    Err(if transient {
+        error.transient()
+    } else {
+        error.permanent()
+    })
 }
 
 /// A connection with the one channel the transport uses on it.
@@ -46,22 +90,23 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Opens a connection for `role` (named in the management UI) and a channel on it.
-    /// Unbounded in time: callers run it in [`setting_up`].
+    /// Opens a connection to node `index` for `role` (named in the management UI) and
+    /// a channel on it. Unbounded in time: callers run it in [`setting_up`].
     ///
     /// # Errors
     ///
     /// Transient when the broker cannot be reached, permanent when it refuses the
     /// credentials or the vhost.
-    pub(crate) async fn open(settings: &Settings, role: &str) -> Result<Self> {
+    pub(crate) async fn open(settings: &Settings, index: usize, role: &str) -> Result<Self> {
+        let node = settings.node(index);
         let name = format!("{} ({role})", settings.connection_name);
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from(name));
-        let connection = Connection::connect_uri(settings.uri.clone(), properties)
+        let connection = Connection::connect_uri(node.uri.clone(), properties)
             .await
             .map_err(|source| {
                 setup_error(RabbitError::Connect {
-                    url: settings.url.clone(),
+                    url: node.url.clone(),
                     source,
                 })
             })?;
@@ -112,7 +157,7 @@ impl Link {
             {
                 RabbitError::ExchangeNotFound {
                     exchange: settings.exchange.to_string(),
-                    vhost: settings.uri.vhost.clone(),
+                    vhost: settings.vhost.clone(),
                     source,
                 }
             } else {

@@ -157,9 +157,10 @@ pub async fn peek_dead_letters(
 ) -> Result<Vec<DeadLetter>> {
     let settings = options.settings()?;
     let names = GroupNames::new("", group)?;
-    let link =
-        crate::connection::setting_up(&settings, Link::open(&settings, "dead letter reader"))
-            .await?;
+    let link = crate::connection::setting_up(&settings, |settings, node| async move {
+        Link::open(&settings, node, "dead letter reader").await
+    })
+    .await?;
     let mut letters = Vec::new();
     while letters.len() < limit {
         let got = link

@@ -29,6 +29,15 @@ pub enum RabbitError {
         timeout: std::time::Duration,
     },
 
+    /// With several nodes: no node could be connected to. Each node's URL (password
+    /// redacted) and why it failed, in the order tried. Transient unless every node
+    /// refused for good.
+    #[error("cannot connect to any of the {} RabbitMQ nodes: {}", .failures.len(), node_failures(.failures))]
+    NoNodeReachable {
+        /// Each node tried, with its error.
+        failures: Vec<(String, Error)>,
+    },
+
     /// The exchange does not exist (and the options say not to declare it), or was
     /// deleted while publishing.
     #[error(
@@ -121,6 +130,15 @@ pub enum RabbitError {
     Undecodable(#[source] oncebox_core::InvalidMessage),
 }
 
+/// `url: error; url: error…`, for [`RabbitError::NoNodeReachable`].
+fn node_failures(failures: &[(String, Error)]) -> String {
+    failures
+        .iter()
+        .map(|(url, error)| format!("{url}: {error}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 impl RabbitError {
     /// As a transient transport error.
     pub(crate) fn transient(self) -> Error {
@@ -184,7 +202,9 @@ pub(crate) fn setup_error(error: RabbitError) -> Error {
         | RabbitError::ExchangeNotFound { source, .. }
         | RabbitError::Topology { source, .. }
         | RabbitError::Channel { source, .. } => is_refusal(source),
-        RabbitError::ConnectTimeout { .. } | RabbitError::Disconnected { .. } => false,
+        RabbitError::ConnectTimeout { .. }
+        | RabbitError::Disconnected { .. }
+        | RabbitError::NoNodeReachable { .. } => false,
         _ => true,
     };
     if refused {

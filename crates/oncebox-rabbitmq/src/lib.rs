@@ -16,6 +16,17 @@
 //! recovery is not used: it resumes channels under their old delivery tags, where a
 //! late ack of a delivery from before the failure would close the channel.
 //!
+//! On a cluster, [`RabbitOptions::node`] names its other nodes: each connection tries
+//! them in turn, and a publisher or subscriber whose node dies reconnects to another.
+//! The group queues are quorum queues declared with RabbitMQ's default replica count
+//! (with RabbitMQ 3.x, every node of the cluster when the queue is declared): a
+//! confirmed message is on a majority of them, and the queue goes on under a new leader
+//! when a minority of its nodes dies. Publishes under way when a node or the leader dies
+//! fail transiently even if the broker kept them, so a relay publishes them again: the
+//! consumers' deduplication (an inbox) takes the copies out. `oncebox-bench chaos` runs
+//! this on a local three-node cluster (`scripts/services.sh rabbitmq-cluster`), killing
+//! the node that holds the payment queue's leader.
+//!
 //! | this crate | [`Capabilities`](https://docs.rs/oncebox-testkit) in the conformance suite |
 //! |---|---|
 //! | per-key order | yes: one queue, one channel per publisher |

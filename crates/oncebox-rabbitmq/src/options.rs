@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::types::ShortString;
@@ -71,6 +72,8 @@ impl QueueType {
 #[must_use]
 pub struct RabbitOptions {
     url: String,
+    /// Further nodes of the same cluster, in the order given.
+    nodes: Vec<String>,
     pub(crate) exchange: String,
     pub(crate) exchange_kind: ExchangeKind,
     pub(crate) declare_exchange: bool,
@@ -108,9 +111,12 @@ impl RabbitOptions {
     /// | [`max_message_size`](Self::max_message_size) | 128 MiB, RabbitMQ's default |
     /// | [`reconnect`](Self::reconnect) | 100 ms doubling to 5 s |
     /// | [`source`](Self::source) | `oncebox` |
+    ///
+    /// A cluster's other nodes are added with [`node`](Self::node).
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            nodes: Vec::new(),
             exchange: DEFAULT_EXCHANGE.to_owned(),
             exchange_kind: ExchangeKind::Topic,
             declare_exchange: true,
@@ -127,6 +133,33 @@ impl RabbitOptions {
             source: oncebox_core::wire::DEFAULT_SOURCE.to_owned(),
             connection_name: "oncebox".to_owned(),
         }
+    }
+
+    /// Another node of the same RabbitMQ cluster (same user, same vhost), tried when
+    /// the others cannot be reached.
+    ///
+    /// Each connection (a publisher's, a subscriber's) is opened to one node. The first
+    /// one tries the nodes in the order given, [`new`](Self::new)'s first; every
+    /// reconnection starts with the node after the one last connected to, so that a
+    /// node that just died is tried last, and tries each node once, each within the
+    /// [`connect_timeout`](Self::connect_timeout), before waiting for the
+    /// [`reconnect`](Self::reconnect) backoff. Any node serves every queue: RabbitMQ
+    /// forwards to the node holding a quorum queue's leader, and a quorum queue kept on
+    /// three nodes goes on with a new leader when one of them dies.
+    ///
+    /// ```
+    /// use oncebox_rabbitmq::RabbitOptions;
+    ///
+    /// let options = RabbitOptions::new("amqp://app@mq-1:5672/orders")
+    ///     .node("amqp://app@mq-2:5672/orders")
+    ///     .node("amqp://app@mq-3:5672/orders");
+    /// assert!(options.validate().is_ok());
+    /// // All the nodes of one cluster share its vhosts.
+    /// assert!(options.node("amqp://app@mq-4:5672/other").validate().is_err());
+    /// ```
+    pub fn node(mut self, url: impl Into<String>) -> Self {
+        self.nodes.push(url.into());
+        self
     }
 
     /// The exchange messages are published to (topic → routing key) and queues are
@@ -228,29 +261,61 @@ impl RabbitOptions {
         self
     }
 
-    /// The URL with its password replaced by `***`.
+    /// The URL with its password replaced by `***`; with several
+    /// [nodes](Self::node), each node's, separated by commas.
     pub fn redacted_url(&self) -> String {
-        redact(&self.url)
+        self.urls().map(redact).collect::<Vec<_>>().join(",")
+    }
+
+    /// The URLs of the nodes, in the order given.
+    fn urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str()).chain(self.nodes.iter().map(String::as_str))
     }
 
     /// Checks the options; connecting calls it.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a URL that does not parse, an empty or overlong
-    /// exchange name, a zero prefetch, delivery limit or timeout, or an invalid backoff.
+    /// [`Error::InvalidOptions`] for a URL that does not parse, nodes with different
+    /// vhosts or a node listed twice, an empty or overlong exchange name, a zero
+    /// prefetch, delivery limit or timeout, or an invalid backoff.
     pub fn validate(&self) -> Result<()> {
         self.settings().map(drop)
     }
 
+    /// The nodes, parsed, checked to be distinct nodes of one vhost.
+    fn parse_nodes(&self) -> Result<Vec<Node>> {
+        let several = !self.nodes.is_empty();
+        let mut nodes: Vec<Node> = Vec::with_capacity(1 + self.nodes.len());
+        for (i, url) in self.urls().enumerate() {
+            let redacted = redact(url);
+            let which = if several {
+                format!("node {} ({redacted})", i + 1)
+            } else {
+                redacted.clone()
+            };
+            let uri = url.parse::<AMQPUri>().map_err(|reason| {
+                Error::InvalidOptions(format!("invalid AMQP URL {which}: {reason}"))
+            })?;
+            if let Some(first) = nodes.first() {
+                if uri.vhost != first.uri.vhost {
+                    return Err(Error::InvalidOptions(format!(
+                        "{which} names vhost {:?}, node 1 {:?}: the nodes of one cluster share their vhosts",
+                        uri.vhost, first.uri.vhost
+                    )));
+                }
+                if nodes.iter().any(|node| node.url == redacted) {
+                    return Err(Error::InvalidOptions(format!("{which} is listed twice")));
+                }
+            }
+            nodes.push(Node { uri, url: redacted });
+        }
+        Ok(nodes)
+    }
+
     /// The validated settings the connections share.
     pub(crate) fn settings(&self) -> Result<Arc<Settings>> {
-        let uri = self.url.parse::<AMQPUri>().map_err(|reason| {
-            Error::InvalidOptions(format!(
-                "invalid AMQP URL {}: {reason}",
-                self.redacted_url()
-            ))
-        })?;
+        let nodes = self.parse_nodes()?;
         if self.exchange.is_empty() {
             return Err(Error::InvalidOptions(
                 "the exchange name is empty (the default exchange cannot be bound to)".into(),
@@ -275,7 +340,9 @@ impl RabbitOptions {
         }
         self.reconnect.validate()?;
         Ok(Arc::new(Settings {
-            uri,
+            vhost: nodes[0].uri.vhost.clone(),
+            nodes,
+            next_node: AtomicUsize::new(0),
             url: self.redacted_url(),
             exchange,
             exchange_kind: self.exchange_kind,
@@ -311,10 +378,23 @@ impl fmt::Debug for RabbitOptions {
     }
 }
 
-/// Validated options, shared by every connection of a publisher or subscriber.
-pub(crate) struct Settings {
+/// One node of the broker: where to connect.
+pub(crate) struct Node {
     pub(crate) uri: AMQPUri,
     /// The URL without its password, for errors and logs.
+    pub(crate) url: String,
+}
+
+/// Validated options, shared by every connection of a publisher or subscriber.
+pub(crate) struct Settings {
+    /// At least one: the first is [`RabbitOptions::new`]'s.
+    pub(crate) nodes: Vec<Node>,
+    /// The vhost, every node's.
+    pub(crate) vhost: String,
+    /// The node the next connection tries first: the one after the node last
+    /// connected to.
+    next_node: AtomicUsize,
+    /// The URLs without their passwords, for errors and logs.
     pub(crate) url: String,
     pub(crate) exchange: ShortString,
     pub(crate) exchange_kind: ExchangeKind,
@@ -329,6 +409,28 @@ pub(crate) struct Settings {
     pub(crate) reconnect: Backoff,
     pub(crate) format: WireFormat,
     pub(crate) connection_name: String,
+}
+
+impl Settings {
+    /// The nodes in the order the next connection tries them.
+    pub(crate) fn nodes_in_turn(&self) -> impl Iterator<Item = (usize, &Node)> {
+        let start = self.next_node.load(Ordering::Relaxed) % self.nodes.len();
+        (0..self.nodes.len()).map(move |offset| {
+            let index = (start + offset) % self.nodes.len();
+            (index, &self.nodes[index])
+        })
+    }
+
+    /// Node `index` (of [`nodes_in_turn`](Self::nodes_in_turn)).
+    pub(crate) fn node(&self, index: usize) -> &Node {
+        &self.nodes[index % self.nodes.len()]
+    }
+
+    /// Notes that a connection to node `index` opened: the next starts after it.
+    pub(crate) fn connected_to(&self, index: usize) {
+        self.next_node
+            .store((index + 1) % self.nodes.len(), Ordering::Relaxed);
+    }
 }
 
 /// `name` as an AMQP short string (at most 255 bytes).
@@ -377,6 +479,59 @@ mod tests {
         assert_eq!(redact("amqp://user@host/v"), "amqp://user@host/v");
         assert_eq!(redact("not a url"), "not a url");
         assert_eq!(redact("amqp://a:b@c@host/x@y"), "amqp://a:***@host/x@y");
+    }
+
+    #[test]
+    fn a_cluster_names_distinct_nodes_of_one_vhost() {
+        let options = RabbitOptions::new("amqp://app:pw@mq-1:5672/shop")
+            .node("amqps://app:pw@mq-2:5671/shop")
+            .node("amqp://app:pw@mq-3:5672/shop");
+        assert!(options.validate().is_ok());
+        assert_eq!(
+            options.redacted_url(),
+            "amqp://app:***@mq-1:5672/shop,amqps://app:***@mq-2:5671/shop,amqp://app:***@mq-3:5672/shop"
+        );
+        assert!(!format!("{options:?}").contains(":pw@"));
+        for (bad, problem) in [
+            (
+                options.clone().node("amqp://app@mq-4:5672/other"),
+                "node 4 (amqp://app@mq-4:5672/other) names vhost \"other\", node 1 \"shop\"",
+            ),
+            (
+                options.clone().node("amqps://app:other@mq-2:5671/shop"),
+                "is listed twice",
+            ),
+            (
+                options.clone().node("http://mq-4"),
+                "invalid AMQP URL node 4",
+            ),
+        ] {
+            let error = bad.validate().expect_err(problem);
+            assert!(error.is_invalid_input(), "{error}");
+            assert!(error.to_string().contains(problem), "{error}");
+        }
+    }
+
+    #[test]
+    fn reconnections_start_after_the_node_last_connected_to() {
+        let settings = RabbitOptions::new("amqp://mq-1/%2f")
+            .node("amqp://mq-2/%2f")
+            .node("amqp://mq-3/%2f")
+            .settings()
+            .expect("valid");
+        let order = |settings: &Settings| -> Vec<usize> {
+            settings.nodes_in_turn().map(|(index, _)| index).collect()
+        };
+        assert_eq!(order(&settings), [0, 1, 2]);
+        settings.connected_to(0);
+        assert_eq!(order(&settings), [1, 2, 0]);
+        settings.connected_to(2);
+        assert_eq!(order(&settings), [0, 1, 2]);
+        let single = RabbitOptions::new("amqp://mq-1/%2f")
+            .settings()
+            .expect("valid");
+        single.connected_to(0);
+        assert_eq!(order(&single), [0]);
     }
 
     #[test]

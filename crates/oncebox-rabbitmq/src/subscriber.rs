@@ -7,6 +7,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use oncebox_core::{Bytes, Result, Subscriber};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::codec::{self, Incoming, Strictness};
@@ -36,6 +37,11 @@ pub struct RabbitSubscriber {
     settings: Arc<Settings>,
     names: GroupNames,
     consuming: Option<Consuming>,
+    /// The reconnection under way, in a task of its own: a `next` cancelled while it
+    /// runs leaves it running, and the next call takes its result. Dropped half-way, a
+    /// connection that had asked for its consumer stays open with the consumer the
+    /// broker registered, which is then handed deliveries no one reads or requeues.
+    connecting: Option<JoinHandle<Result<Consuming>>>,
     /// Consecutive failed connection attempts.
     failures: u32,
     /// When to try connecting again.
@@ -64,11 +70,13 @@ impl RabbitSubscriber {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a connection half opened is closed.
+    /// Cancel safe: the connection is set up in a task of its own, which closes it once
+    /// set up if this future was dropped meanwhile.
     pub async fn connect(options: &RabbitOptions, topic: &str, group: &str) -> Result<Self> {
         let settings = options.settings()?;
         let names = GroupNames::new(topic, group)?;
-        let consuming = consume(&settings, &names).await?;
+        // In a task, so that a cancelled connect finishes setting up, then closes.
+        let consuming = joined(tokio::spawn(consume(Arc::clone(&settings), names.clone())).await)?;
         let dead = Arc::new(DeadLetterSink::new(
             Arc::clone(&settings),
             names.dead.clone(),
@@ -77,6 +85,7 @@ impl RabbitSubscriber {
             settings,
             names,
             consuming: Some(consuming),
+            connecting: None,
             failures: 0,
             retry_at: None,
             dead,
@@ -102,6 +111,11 @@ impl RabbitSubscriber {
     /// not acked yet.
     pub async fn close(self) {
         if let Some(consuming) = self.consuming {
+            consuming.link.close().await;
+        }
+        if let Some(connecting) = self.connecting
+            && let Ok(Ok(consuming)) = connecting.await
+        {
             consuming.link.close().await;
         }
     }
@@ -174,13 +188,29 @@ impl RabbitSubscriber {
     }
 }
 
-/// Opens a link, declares the group's topology and starts consuming.
-async fn consume(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
-    crate::connection::setting_up(settings, open_consuming(settings, names)).await
+/// Opens a link, declares the group's topology and starts consuming. Run in a task of
+/// its own (see [`RabbitSubscriber::connecting`]).
+async fn consume(settings: Arc<Settings>, names: GroupNames) -> Result<Consuming> {
+    crate::connection::setting_up(&settings, |settings, node| {
+        let names = names.clone();
+        async move { open_consuming(&settings, node, &names).await }
+    })
+    .await
 }
 
-async fn open_consuming(settings: &Settings, names: &GroupNames) -> Result<Consuming> {
-    let link = Link::open(settings, "subscriber").await?;
+/// The outcome of a [`consume`] task.
+fn joined(
+    outcome: std::result::Result<Result<Consuming>, tokio::task::JoinError>,
+) -> Result<Consuming> {
+    outcome.unwrap_or_else(|join| {
+        Err(oncebox_core::Error::TaskLost(format!(
+            "connecting a RabbitMQ subscriber ({join})"
+        )))
+    })
+}
+
+async fn open_consuming(settings: &Settings, node: usize, names: &GroupNames) -> Result<Consuming> {
+    let link = Link::open(settings, node, "subscriber").await?;
     link.exchange(settings).await?;
     link.group(settings, names).await?;
     link.prefetch(settings.prefetch).await?;
@@ -221,14 +251,25 @@ impl Subscriber for RabbitSubscriber {
     /// # Cancel safety
     ///
     /// Cancel safe: a delivery taken from the broker is requeued after the ack timeout
-    /// if the future is dropped before returning it.
+    /// if the future is dropped before returning it, and a reconnection under way goes
+    /// on in the background, its result taken by the next call.
     async fn next(&mut self) -> Result<RabbitDelivery> {
         loop {
             let Some(consuming) = self.consuming.as_mut() else {
-                if let Some(at) = self.retry_at {
-                    tokio::time::sleep_until(at).await;
-                }
-                match consume(&self.settings, &self.names).await {
+                let connecting = match &mut self.connecting {
+                    Some(connecting) => connecting,
+                    None => {
+                        if let Some(at) = self.retry_at {
+                            tokio::time::sleep_until(at).await;
+                        }
+                        let task = consume(Arc::clone(&self.settings), self.names.clone());
+                        self.connecting.insert(tokio::spawn(task))
+                    }
+                };
+                // Cancel safe: the handle stays, the task goes on.
+                let connected = joined(connecting.await);
+                self.connecting = None;
+                match connected {
                     Ok(consuming) => {
                         tracing::info!(queue = %self.names.queue, "subscriber reconnected to RabbitMQ");
                         self.consuming = Some(consuming);

@@ -10,14 +10,17 @@ use std::time::Duration;
 
 use common::{RabbitHarness, amqp_url, unique};
 use futures_util::future::join_all;
+use oncebox_core::Backoff;
 use oncebox_core::{Bytes, Delivery, Error, Message, Publisher, Subscriber};
 use oncebox_rabbitmq::lapin::options::BasicPublishOptions;
 use oncebox_rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString};
+use oncebox_rabbitmq::lapin::uri::AMQPUri;
 use oncebox_rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
 use oncebox_rabbitmq::{
     FOREIGN_ID_HEADER, RabbitDelivery, RabbitError, RabbitOptions, RabbitPublisher,
     RabbitSubscriber, peek_dead_letters,
 };
+use oncebox_testkit::proxy::Proxy;
 use oncebox_testkit::transport::TransportHarness;
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -528,4 +531,137 @@ async fn headers_over_the_frame_size_fail_permanently() -> oncebox_core::Result<
     let delivery = next(&mut subscriber).await;
     assert_eq!(delivery.received().id, Some(small.id));
     delivery.ack().await
+}
+
+/// How late a slowed proxy forwards each chunk, in the tests of setups cut short.
+const SLOW_LINK: Duration = Duration::from_millis(50);
+
+/// A proxy to the broker, and options on the harness's exchange that reach the broker
+/// through it, reconnecting quickly.
+async fn proxied(harness: &RabbitHarness) -> oncebox_core::Result<(Proxy, RabbitOptions)> {
+    let uri: AMQPUri = amqp_url().parse().map_err(Error::transport_permanent)?;
+    let target = format!("{}:{}", uri.authority.host, uri.authority.port);
+    let proxy = Proxy::start(target.clone())
+        .await
+        .map_err(Error::transport_permanent)?;
+    let through = amqp_url().replacen(&target, &format!("127.0.0.1:{}", proxy.port()), 1);
+    assert_ne!(
+        through,
+        amqp_url(),
+        "the broker URL names its host and port"
+    );
+    let options = RabbitOptions::new(through)
+        .exchange(harness.exchange.clone())
+        .reconnect(
+            Backoff::new()
+                .initial(Duration::from_millis(50))
+                .max(Duration::from_millis(200)),
+        );
+    Ok((proxy, options))
+}
+
+/// Publishes `count` messages to `topic` and checks that `subscriber` receives every
+/// one of them: none is held by a consumer left behind.
+async fn all_reach(
+    harness: &RabbitHarness,
+    topic: &str,
+    subscriber: &mut RabbitSubscriber,
+    count: usize,
+) -> oncebox_core::Result<()> {
+    let publisher = harness.publisher().await?;
+    for i in 0..count {
+        publisher
+            .publish(&Message::new(topic, format!("{i}")).with_key("k"))
+            .await?;
+    }
+    let mut received = HashSet::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while received.len() < count && tokio::time::Instant::now() < deadline {
+        if let Ok(delivery) = tokio::time::timeout(Duration::from_secs(1), subscriber.next()).await
+        {
+            let delivery = delivery?;
+            received.insert(delivery.received().payload.clone());
+            delivery.ack().await?;
+        }
+    }
+    assert_eq!(
+        received.len(),
+        count,
+        "messages held by a consumer left behind by a setup cut short"
+    );
+    Ok(())
+}
+
+/// A reconnection cut short: while the subscriber reconnects over a slow link, `next` is
+/// called with a timeout, each call cancelled a little later than the one before, so
+/// that some are cancelled after the consumer was asked for and before the broker's
+/// answer came. Dropped there, a connection stays open with the consumer the broker
+/// registered, which is handed deliveries (up to the prefetch) that no one reads and
+/// that stay unacknowledged as long as the process lives; the reconnection must go on
+/// in the background instead. (Seen on a cluster, where asking for a consumer waits
+/// for a quorum queue's new leader.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_cut_short_by_a_cancelled_next_leaves_no_consumer_behind()
+-> oncebox_core::Result<()> {
+    let harness = RabbitHarness::new();
+    let (proxy, options) = proxied(&harness).await?;
+    let topic = harness.fresh_topic("orders").await?;
+    let group = unique("payments");
+    harness.record_group(&topic, &group);
+
+    // How long setting up takes over the slow link.
+    proxy.slow(SLOW_LINK);
+    let started = tokio::time::Instant::now();
+    let mut subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
+    let setup = started.elapsed();
+    proxy.cut();
+    let lost = tokio::time::timeout(PATIENCE, subscriber.next())
+        .await
+        .expect("the lost link is reported");
+    assert!(lost.is_err_and(|error| error.is_transient()));
+    proxy.restore();
+    proxy.slow(SLOW_LINK);
+    // Calls cancelled at instants sweeping the last round trips of a setup.
+    let mut after = setup.saturating_sub(SLOW_LINK * 5);
+    while after < setup + SLOW_LINK * 2 {
+        let _ = tokio::time::timeout(after, subscriber.next()).await;
+        after += SLOW_LINK / 2;
+    }
+    proxy.restore();
+    all_reach(&harness, &topic, &mut subscriber, 200).await?;
+    subscriber.close().await;
+    Ok(())
+}
+
+/// A setup cut short by the connect timeout: subscribers of the same group connect over
+/// a slow link with connect timeouts sweeping the last round trips of a setup, so that
+/// some time out after the consumer was asked for and before the broker's answer came
+/// (as a setup does when a restarting broker answers late). What such a setup opened
+/// must be closed once it completes, not left open with a consumer that holds
+/// deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setup_cut_short_by_the_connect_timeout_leaves_no_consumer_behind()
+-> oncebox_core::Result<()> {
+    let harness = RabbitHarness::new();
+    let (proxy, options) = proxied(&harness).await?;
+    let topic = harness.fresh_topic("orders").await?;
+    let group = unique("payments");
+    harness.record_group(&topic, &group);
+
+    proxy.slow(SLOW_LINK);
+    let started = tokio::time::Instant::now();
+    let mut subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
+    let setup = started.elapsed();
+    let mut timeout = setup.saturating_sub(SLOW_LINK * 5);
+    while timeout < setup + SLOW_LINK * 2 {
+        let cut_short = options.clone().connect_timeout(timeout);
+        if let Ok(other) = RabbitSubscriber::connect(&cut_short, &topic, &group).await {
+            other.close().await;
+        }
+        timeout += SLOW_LINK / 2;
+    }
+    proxy.restore();
+    all_reach(&harness, &topic, &mut subscriber, 200).await?;
+    subscriber.close().await;
+    Ok(())
 }

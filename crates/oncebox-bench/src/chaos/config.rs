@@ -78,10 +78,11 @@ pub(super) fn named_store_url(url: &str, name: &str) -> String {
 
 /// `text` without its password, and the password (decoded): the services take it as a
 /// setting of their own, never in a URL. The inverse of the oncebox command's
-/// `with_password` (its `config/url.rs`). A NATS cluster's seeds (URLs separated by
-/// commas) each lose theirs; the first is the one returned.
+/// `with_password` (its `config/url.rs`). A NATS cluster's seeds and a RabbitMQ
+/// cluster's nodes (URLs separated by commas) each lose theirs; the first is the one
+/// returned.
 pub(super) fn split_password(text: &str) -> (String, Option<String>) {
-    if text.starts_with("nats://") && text.contains(',') {
+    if (text.starts_with("nats://") || text.starts_with("amqp")) && text.contains(',') {
         let (seeds, passwords): (Vec<_>, Vec<_>) = text.split(',').map(split_password).unzip();
         return (seeds.join(","), passwords.into_iter().flatten().next());
     }
@@ -152,6 +153,13 @@ mod tests {
             (
                 "amqp://guest@127.0.0.1:5672/%2f".to_owned(),
                 Some("p@ss".to_owned())
+            )
+        );
+        assert_eq!(
+            split_password("amqp://guest:pw@127.0.0.1:5681/%2f,amqp://guest:pw@127.0.0.1:5682/%2f"),
+            (
+                "amqp://guest@127.0.0.1:5681/%2f,amqp://guest@127.0.0.1:5682/%2f".to_owned(),
+                Some("pw".to_owned())
             )
         );
         assert_eq!(

@@ -8,6 +8,12 @@
 //! links are cut may fail over to one of those, unproxied, and stay there until the
 //! process is started again: on a cluster a broker link fault is a forced failover to
 //! another node more than an outage.
+//!
+//! A RabbitMQ cluster's nodes are proxied one by one too, and a broker fault strikes
+//! them all; RabbitMQ tells its clients of no other node, so a process reaches the
+//! cluster only through its proxies, and a cut link is an outage of the whole cluster
+//! for it. A node killed by the restart command drops the connections through its
+//! proxy, and refuses new ones, until it is back.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -315,10 +321,10 @@ impl Member {
     }
 }
 
-/// The servers of a broker URL: a NATS cluster's seeds, separated by commas, or the one
-/// server of any other.
+/// The servers of a broker URL: a NATS cluster's seeds or a RabbitMQ cluster's nodes,
+/// separated by commas, or the one server of any other.
 fn servers(url: &str) -> Vec<&str> {
-    if url.starts_with("nats://") {
+    if url.starts_with("nats://") || url.starts_with("amqp://") || url.starts_with("amqps://") {
         url.split(',').map(str::trim).collect()
     } else {
         vec![url]
@@ -403,6 +409,13 @@ mod tests {
         );
         assert_eq!(servers("nats://127.0.0.1:4222"), ["nats://127.0.0.1:4222"]);
         assert_eq!(servers("redis://h:1/0?a=1,2"), ["redis://h:1/0?a=1,2"]);
+        assert_eq!(
+            servers("amqp://guest@127.0.0.1:5681/%2f,amqp://guest@127.0.0.1:5682/%2f"),
+            [
+                "amqp://guest@127.0.0.1:5681/%2f",
+                "amqp://guest@127.0.0.1:5682/%2f"
+            ]
+        );
     }
 
     #[test]

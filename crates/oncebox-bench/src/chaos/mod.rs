@@ -91,7 +91,8 @@ pub(crate) struct ChaosArgs {
     #[arg(long, env = "ONCEBOX_PG_URL", default_value = crate::bench::DEFAULT_PG_URL, hide_env_values = true)]
     database_url: String,
     /// The broker: nats://…, amqp://…, kafka://HOST:PORT, redis://…. A NATS cluster
-    /// takes its seeds separated by commas (nats://127.0.0.1:4251,nats://127.0.0.1:4252,…).
+    /// takes its seeds separated by commas (nats://127.0.0.1:4251,nats://127.0.0.1:4252,…),
+    /// a RabbitMQ cluster its nodes (amqp://guest:guest@127.0.0.1:5681/%2f,…).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     broker_url: String,
     /// NATS: the servers of the cluster that keep the run's stream (3 for an R3 stream).
@@ -388,6 +389,7 @@ async fn run_in(
         struck: BTreeMap::new(),
         walsenders_terminated: 0,
         database,
+        queue: payments_group.clone(),
     };
 
     let started = Instant::now();

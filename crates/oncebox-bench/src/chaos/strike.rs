@@ -28,6 +28,10 @@ pub(crate) struct Striker<'a> {
     pub(crate) walsenders_terminated: u64,
     /// With `--failover`: the database's address, which the failover moves.
     pub(crate) database: Option<&'a MovingAddress>,
+    /// The payment service's queue (its consumer group), named to the restart commands
+    /// in `ONCEBOX_QUEUE`: `scripts/services.sh restart rabbitmq-cluster` kills the node
+    /// holding its leader.
+    pub(crate) queue: String,
 }
 
 impl Striker<'_> {
@@ -125,10 +129,12 @@ impl Striker<'_> {
                 millis,
             } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
             Fault::RestartBroker => {
-                restart(self.args.restart_broker.as_deref(), self.store.schema()).await
+                let command = self.args.restart_broker.as_deref();
+                restart(command, self.store.schema(), &self.queue).await
             }
             Fault::RestartPostgres => {
-                restart(self.args.restart_postgres.as_deref(), self.store.schema()).await
+                let command = self.args.restart_postgres.as_deref();
+                restart(command, self.store.schema(), &self.queue).await
             }
             Fault::Failover => {
                 let (Some(address), Some(command)) = (self.database, &self.args.failover) else {
@@ -141,10 +147,16 @@ impl Striker<'_> {
 }
 
 /// Runs a restart command with `ONCEBOX_STREAM` set to the run's NATS stream (named
-/// after its schema), whose leader `scripts/services.sh restart nats-cluster` kills.
-async fn restart(command: Option<&str>, stream: &str) -> anyhow::Result<()> {
+/// after its schema), whose leader `scripts/services.sh restart nats-cluster` kills,
+/// and `ONCEBOX_QUEUE` to the payment service's RabbitMQ queue, the node holding whose
+/// leader `scripts/services.sh restart rabbitmq-cluster` kills.
+async fn restart(command: Option<&str>, stream: &str, queue: &str) -> anyhow::Result<()> {
     let command = command.context("a restart was planned without its command")?;
-    run_command(command, &[("ONCEBOX_STREAM", stream)]).await
+    run_command(
+        command,
+        &[("ONCEBOX_STREAM", stream), ("ONCEBOX_QUEUE", queue)],
+    )
+    .await
 }
 
 /// Runs `command` with `sh -c`, with `env` added to its environment; its output other

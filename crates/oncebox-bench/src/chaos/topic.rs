@@ -123,10 +123,19 @@ pub(crate) async fn remove_topic(
         #[cfg(feature = "rabbitmq")]
         Broker::RabbitMq(_) => {
             use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-            let connection =
-                lapin::Connection::connect(url, lapin::ConnectionProperties::default())
-                    .await
-                    .context("connecting to RabbitMQ")?;
+            // A cluster's nodes, separated by commas: the first that answers.
+            let mut connection = None;
+            for node in url.split(',') {
+                match lapin::Connection::connect(node, lapin::ConnectionProperties::default()).await
+                {
+                    Ok(opened) => {
+                        connection = Some(opened);
+                        break;
+                    }
+                    Err(error) => tracing::warn!(%error, "cannot connect to a RabbitMQ node"),
+                }
+            }
+            let connection = connection.context("connecting to RabbitMQ: no node answered")?;
             let channel = connection.create_channel().await?;
             for group in groups {
                 for queue in [

@@ -90,6 +90,9 @@ impl Config {
             if kind == BrokerKind::Nats {
                 nats_user(url)?;
             }
+            if kind == BrokerKind::RabbitMq {
+                super::rabbitmq_nodes(url)?;
+            }
             if self.broker.cluster && kind != BrokerKind::RedisStreams {
                 return Err(ConfigError::key(
                     "broker.cluster",

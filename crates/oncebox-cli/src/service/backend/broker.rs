@@ -115,8 +115,16 @@ impl Broker {
             }
             #[cfg(feature = "rabbitmq")]
             BrokerKind::RabbitMq => {
-                let full = crate::config::with_password(url, config.broker.password.as_ref())?;
-                let options = oncebox::rabbitmq::RabbitOptions::new(full)
+                // One node, or a cluster's: the client tries them in turn.
+                let mut nodes = crate::config::rabbitmq_nodes(url)?.into_iter().map(|node| {
+                    crate::config::with_password(node, config.broker.password.as_ref())
+                });
+                let first = nodes.next().transpose()?.unwrap_or_default();
+                let mut options = oncebox::rabbitmq::RabbitOptions::new(first);
+                for node in nodes {
+                    options = options.node(node?);
+                }
+                let options = options
                     .exchange(config.broker.exchange.clone())
                     .source(config.source())
                     .connect_timeout(timeout)
