@@ -592,6 +592,47 @@ async fn all_reach(
     Ok(())
 }
 
+/// A subscriber of a fresh topic and group, connected over a slowed link, and how long
+/// its setup took there.
+struct SlowSetup {
+    proxy: Proxy,
+    options: RabbitOptions,
+    topic: String,
+    group: String,
+    subscriber: RabbitSubscriber,
+    setup: Duration,
+}
+
+impl SlowSetup {
+    async fn new(harness: &RabbitHarness) -> oncebox_core::Result<Self> {
+        let (proxy, options) = proxied(harness).await?;
+        let topic = harness.fresh_topic("orders").await?;
+        let group = unique("payments");
+        harness.record_group(&topic, &group);
+        proxy.slow(SLOW_LINK);
+        let started = tokio::time::Instant::now();
+        let subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
+        Ok(Self {
+            setup: started.elapsed(),
+            proxy,
+            options,
+            topic,
+            group,
+            subscriber,
+        })
+    }
+
+    /// Instants sweeping the last round trips of a setup over the slow link.
+    fn sweep(&self) -> impl Iterator<Item = Duration> {
+        let (from, to) = (
+            self.setup.saturating_sub(SLOW_LINK * 5),
+            self.setup + SLOW_LINK * 2,
+        );
+        std::iter::successors(Some(from), |at| Some(*at + SLOW_LINK / 2))
+            .take_while(move |at| *at < to)
+    }
+}
+
 /// A reconnection cut short: while the subscriber reconnects over a slow link, `next` is
 /// called with a timeout, each call cancelled a little later than the one before, so
 /// that some are cancelled after the consumer was asked for and before the broker's
@@ -604,32 +645,21 @@ async fn all_reach(
 async fn a_reconnection_cut_short_by_a_cancelled_next_leaves_no_consumer_behind()
 -> oncebox_core::Result<()> {
     let harness = RabbitHarness::new();
-    let (proxy, options) = proxied(&harness).await?;
-    let topic = harness.fresh_topic("orders").await?;
-    let group = unique("payments");
-    harness.record_group(&topic, &group);
-
-    // How long setting up takes over the slow link.
-    proxy.slow(SLOW_LINK);
-    let started = tokio::time::Instant::now();
-    let mut subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
-    let setup = started.elapsed();
-    proxy.cut();
-    let lost = tokio::time::timeout(PATIENCE, subscriber.next())
+    let mut slow = SlowSetup::new(&harness).await?;
+    slow.proxy.cut();
+    let lost = tokio::time::timeout(PATIENCE, slow.subscriber.next())
         .await
         .expect("the lost link is reported");
     assert!(lost.is_err_and(|error| error.is_transient()));
-    proxy.restore();
-    proxy.slow(SLOW_LINK);
+    slow.proxy.restore();
+    slow.proxy.slow(SLOW_LINK);
     // Calls cancelled at instants sweeping the last round trips of a setup.
-    let mut after = setup.saturating_sub(SLOW_LINK * 5);
-    while after < setup + SLOW_LINK * 2 {
-        let _ = tokio::time::timeout(after, subscriber.next()).await;
-        after += SLOW_LINK / 2;
+    for after in slow.sweep().collect::<Vec<_>>() {
+        let _ = tokio::time::timeout(after, slow.subscriber.next()).await;
     }
-    proxy.restore();
-    all_reach(&harness, &topic, &mut subscriber, 200).await?;
-    subscriber.close().await;
+    slow.proxy.restore();
+    all_reach(&harness, &slow.topic, &mut slow.subscriber, 200).await?;
+    slow.subscriber.close().await;
     Ok(())
 }
 
@@ -643,25 +673,15 @@ async fn a_reconnection_cut_short_by_a_cancelled_next_leaves_no_consumer_behind(
 async fn a_setup_cut_short_by_the_connect_timeout_leaves_no_consumer_behind()
 -> oncebox_core::Result<()> {
     let harness = RabbitHarness::new();
-    let (proxy, options) = proxied(&harness).await?;
-    let topic = harness.fresh_topic("orders").await?;
-    let group = unique("payments");
-    harness.record_group(&topic, &group);
-
-    proxy.slow(SLOW_LINK);
-    let started = tokio::time::Instant::now();
-    let mut subscriber = RabbitSubscriber::connect(&options, &topic, &group).await?;
-    let setup = started.elapsed();
-    let mut timeout = setup.saturating_sub(SLOW_LINK * 5);
-    while timeout < setup + SLOW_LINK * 2 {
-        let cut_short = options.clone().connect_timeout(timeout);
-        if let Ok(other) = RabbitSubscriber::connect(&cut_short, &topic, &group).await {
+    let mut slow = SlowSetup::new(&harness).await?;
+    for timeout in slow.sweep() {
+        let cut_short = slow.options.clone().connect_timeout(timeout);
+        if let Ok(other) = RabbitSubscriber::connect(&cut_short, &slow.topic, &slow.group).await {
             other.close().await;
         }
-        timeout += SLOW_LINK / 2;
     }
-    proxy.restore();
-    all_reach(&harness, &topic, &mut subscriber, 200).await?;
-    subscriber.close().await;
+    slow.proxy.restore();
+    all_reach(&harness, &slow.topic, &mut slow.subscriber, 200).await?;
+    slow.subscriber.close().await;
     Ok(())
 }
