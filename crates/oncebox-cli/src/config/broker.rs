@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::members::Members;
 use super::url::redact;
 use super::{ConfigError, Secret, Span};
 
@@ -56,58 +57,21 @@ pub(crate) const MAX_STREAM_REPLICAS: u8 = 5;
 /// between them). Each is a whole URL, `nats://HOST:PORT` or `tls://HOST:PORT`, with at
 /// most a user name (a password goes in `broker.password`).
 pub(crate) fn nats_servers(url: &str) -> Result<Vec<&str>, ConfigError> {
-    let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
-    for (i, seed) in seeds.iter().enumerate() {
-        let which = || {
-            if seeds.len() == 1 {
-                String::new()
-            } else {
-                format!("server {} of {}: ", i + 1, seeds.len())
-            }
-        };
-        if seed.is_empty() {
-            return Err(ConfigError::key(
-                "broker.url",
-                format!(
-                    "{}empty: separate the servers of a NATS cluster with single commas (nats://n1:4222,nats://n2:4222)",
-                    which()
-                ),
-            ));
-        }
-        let parsed = ::url::Url::parse(seed).map_err(|error| {
-            ConfigError::key(
-                "broker.url",
-                format!("{}{:?} is not a URL: {error}", which(), redact(seed)),
-            )
-        })?;
-        if !matches!(parsed.scheme(), "nats" | "tls") {
-            return Err(ConfigError::key(
-                "broker.url",
-                format!(
-                    "{}{:?}: each server of a NATS cluster is a whole URL starting with nats:// or tls://",
-                    which(),
-                    redact(seed)
-                ),
-            ));
-        }
-        if parsed.host_str().is_none_or(str::is_empty) {
-            return Err(ConfigError::key(
-                "broker.url",
-                format!("{}{:?} names no host", which(), redact(seed)),
-            ));
-        }
+    let servers = Members {
+        member: "server",
+        cluster: "NATS",
+        schemes: ["nats", "tls"],
+        example: "nats://n1:4222,nats://n2:4222",
+    };
+    servers.parse(url, |seed, parsed, _| {
         if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
-            return Err(ConfigError::key(
-                "broker.url",
-                format!(
-                    "{}{:?}: a NATS server URL has no path or query",
-                    which(),
-                    redact(seed)
-                ),
+            return Err(format!(
+                "{:?}: a NATS server URL has no path or query",
+                redact(seed)
             ));
         }
-    }
-    Ok(seeds)
+        Ok(())
+    })
 }
 
 /// The user name the NATS servers of `url` give (for `broker.password`): the same on

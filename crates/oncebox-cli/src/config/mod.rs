@@ -21,6 +21,7 @@ mod cdc;
 mod dashboard;
 mod http;
 mod load;
+mod members;
 mod otel;
 mod rabbitmq;
 mod receive;

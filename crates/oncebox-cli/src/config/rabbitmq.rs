@@ -1,7 +1,7 @@
 //! A RabbitMQ `broker.url`: one node, or the nodes of a cluster.
 
 use super::ConfigError;
-use super::url::redact;
+use super::members::Members;
 
 /// The nodes a RabbitMQ `broker.url` names: one URL, or the nodes of a cluster separated
 /// by commas (`amqp://app@mq-1:5672/shop,amqp://app@mq-2:5672/shop`). Each is a whole
@@ -9,53 +9,25 @@ use super::url::redact;
 /// user's) and the same vhost (a cluster's nodes share their vhosts). A vhost with a
 /// comma in its name is written with `%2C`.
 pub(crate) fn rabbitmq_nodes(url: &str) -> Result<Vec<&str>, ConfigError> {
-    let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
-    let mut first: Option<::url::Url> = None;
-    for (i, node) in nodes.iter().enumerate() {
-        let which = || {
-            if nodes.len() == 1 {
-                String::new()
-            } else {
-                format!("node {} of {}: ", i + 1, nodes.len())
-            }
-        };
-        let problem = |text: String| ConfigError::key("broker.url", format!("{}{text}", which()));
-        if node.is_empty() {
-            return Err(problem(
-                "empty: separate the nodes of a RabbitMQ cluster with single commas (amqp://mq-1:5672/%2f,amqp://mq-2:5672/%2f)".to_owned(),
-            ));
-        }
-        let parsed = ::url::Url::parse(node)
-            .map_err(|error| problem(format!("{:?} is not a URL: {error}", redact(node))))?;
-        if !matches!(parsed.scheme(), "amqp" | "amqps") {
-            return Err(problem(format!(
-                "{:?}: each node of a RabbitMQ cluster is a whole URL starting with amqp:// or amqps://",
-                redact(node)
-            )));
-        }
-        if parsed.host_str().is_none_or(str::is_empty) {
-            return Err(problem(format!("{:?} names no host", redact(node))));
-        }
-        match &first {
-            None => first = Some(parsed),
-            Some(first) if first.username() != parsed.username() => {
-                return Err(problem(format!(
-                    "user {:?}, where node 1 names {:?}: broker.password is one user's",
-                    parsed.username(),
-                    first.username()
-                )));
-            }
-            Some(first) if first.path() != parsed.path() => {
-                return Err(problem(format!(
-                    "vhost {:?}, where node 1 names {:?}: the nodes of a cluster share their vhosts",
-                    parsed.path(),
-                    first.path()
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(nodes)
+    let nodes = Members {
+        member: "node",
+        cluster: "RabbitMQ",
+        schemes: ["amqp", "amqps"],
+        example: "amqp://mq-1:5672/%2f,amqp://mq-2:5672/%2f",
+    };
+    nodes.parse(url, |_, parsed, first| match first {
+        Some(first) if first.username() != parsed.username() => Err(format!(
+            "user {:?}, where node 1 names {:?}: broker.password is one user's",
+            parsed.username(),
+            first.username()
+        )),
+        Some(first) if first.path() != parsed.path() => Err(format!(
+            "vhost {:?}, where node 1 names {:?}: the nodes of a cluster share their vhosts",
+            parsed.path(),
+            first.path()
+        )),
+        _ => Ok(()),
+    })
 }
 
 #[cfg(test)]
