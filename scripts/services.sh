@@ -9,9 +9,10 @@
 #                                         $ONCEBOX_STREAM, rabbitmq-cluster the node leading
 #                                         quorum queue $ONCEBOX_QUEUE, see below)
 #   scripts/services.sh restart redis-cluster-master
-#                                         kills a master of the Redis Cluster (SIGKILL),
-#                                         waits for its replica's promotion, starts it
-#                                         again (it rejoins as a replica)
+#                                         kills a master of the Redis Cluster (SIGKILL):
+#                                         the one serving key $ONCEBOX_REDIS_KEY, else
+#                                         slot 0; waits for its replica's promotion,
+#                                         starts it again (it rejoins as a replica)
 #   scripts/services.sh postgres-pair    a PostgreSQL primary (127.0.0.1:5433) with a
 #                                         synchronous streaming standby (5434), made anew,
 #                                         for `oncebox-bench chaos --failover`
@@ -516,15 +517,22 @@ ensure_redis_cluster() {
   log "Redis Cluster is up on 127.0.0.1:7001-7006 ($(cluster_field 7001 cluster_size) masters)"
 }
 
-# restart redis-cluster-master: SIGKILL one master (the one serving slot 0), wait until
+# restart redis-cluster-master: SIGKILL one master (the one serving the slot of key
+# $ONCEBOX_REDIS_KEY, as `oncebox-bench chaos` names its stream, else slot 0), wait until
 # its replica was promoted and the cluster is ok again, then start the killed node again
 # and wait until it follows the new master.
 restart_redis_cluster_master() {
   ensure_redis_cluster 2>/dev/null
-  local line killed_id killed_addr killed_port pid survivor started promoted=""
-  line=$(redis-cli -p 7001 CLUSTER NODES | tr -d '\r' | awk '$3 ~ /master/ && $3 !~ /fail/ {
-      for (i = 9; i <= NF; i++) if ($i ~ /^0(-|$)/) print }')
-  [ -n "$line" ] || { log "Redis Cluster: no live master serves slot 0"; return 1; }
+  local line killed_id killed_addr killed_port pid survivor started promoted="" slot=0
+  if [ -n "${ONCEBOX_REDIS_KEY:-}" ]; then
+    slot=$(redis-cli -p 7001 CLUSTER KEYSLOT "$ONCEBOX_REDIS_KEY" | tr -d '\r')
+  fi
+  line=$(redis-cli -p 7001 CLUSTER NODES | tr -d '\r' | awk -v slot="$slot" '$3 ~ /master/ && $3 !~ /fail/ {
+      for (i = 9; i <= NF; i++) {
+        n = split($i, range, "-")
+        if (range[1] ~ /^[0-9]+$/ && slot + 0 >= range[1] + 0 && slot + 0 <= range[n] + 0) print
+      } }')
+  [ -n "$line" ] || { log "Redis Cluster: no live master serves slot $slot"; return 1; }
   killed_id=$(awk '{print $1}' <<<"$line")
   killed_addr=$(awk '{print $2}' <<<"$line")
   killed_port=${killed_addr#*:}
@@ -535,10 +543,13 @@ restart_redis_cluster_master() {
   done
   started=$(date +%s%N)
   kill -KILL "$pid"
-  log "killed the master on port $killed_port (pid $pid, serving slot 0)"
+  log "killed the master on port $killed_port (pid $pid, serving slot $slot)"
   for _ in $(seq 1 300); do
-    promoted=$(redis-cli -p "$survivor" CLUSTER NODES 2>/dev/null | tr -d '\r' | awk -v id="$killed_id" \
-      '$3 ~ /master/ && $3 !~ /fail/ && $1 != id { for (i = 9; i <= NF; i++) if ($i ~ /^0(-|$)/) print $2 }')
+    promoted=$(redis-cli -p "$survivor" CLUSTER NODES 2>/dev/null | tr -d '\r' | awk -v id="$killed_id" -v slot="$slot" \
+      '$3 ~ /master/ && $3 !~ /fail/ && $1 != id { for (i = 9; i <= NF; i++) {
+        n = split($i, range, "-")
+        if (range[1] ~ /^[0-9]+$/ && slot + 0 >= range[1] + 0 && slot + 0 <= range[n] + 0) print $2
+      } }')
     [ -n "$promoted" ] && [ "$(cluster_field "$survivor" cluster_state)" = ok ] && break
     promoted=""
     sleep 0.1

@@ -445,6 +445,85 @@ fn relay_through_nats() {
     relay_through("nats");
 }
 
+/// `relay --processes`: real `oncebox relay` processes over one PostgreSQL outbox into
+/// the local three-node NATS cluster's R3 stream (`scripts/services.sh nats-cluster`),
+/// each count timed and compared with the first.
+#[cfg(feature = "nats")]
+#[test]
+fn relay_processes_drain_one_outbox_into_the_nats_cluster() {
+    let report = bench(&[
+        "relay",
+        "--store",
+        "postgres",
+        "--transport",
+        "nats",
+        "--broker-url",
+        "nats://127.0.0.1:4251,nats://127.0.0.1:4252,nats://127.0.0.1:4253",
+        "--stream-replicas",
+        "3",
+        "--processes",
+        "1,2",
+        "--messages",
+        "3000",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(report["bench"], "relay-processes", "{report}");
+    let counts = report["counts"].as_array().expect("counts");
+    let processes: Vec<u64> = counts
+        .iter()
+        .filter_map(|c| c["processes"].as_u64())
+        .collect();
+    assert_eq!(processes, [1, 2], "{report}");
+    assert_eq!(number(&counts[0], "ratio"), 1.0, "{report}");
+    assert!(number(&counts[1], "msgs_per_s") > 0.0, "{report}");
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{report}");
+    for run in runs {
+        assert!(number(run, "seconds") > 0.0, "{run}");
+        assert!(number(run, "start_s") > 0.0, "{run}");
+        // Counted after the first look at the broker that found messages.
+        let counted = run["messages"].as_u64().expect("messages");
+        assert!((1..3000).contains(&counted), "{run}");
+    }
+}
+
+/// `--processes` starts `oncebox relay` processes, which read a PostgreSQL outbox and
+/// publish to NATS: other stores and brokers are refused, with the reason.
+#[test]
+fn relay_processes_elsewhere_are_refused_with_the_reason() {
+    let out = oncebox_bench()
+        .args([
+            "relay",
+            "--store",
+            "sqlite",
+            "--processes",
+            "1,2",
+            "--messages",
+            "10",
+        ])
+        .output()
+        .expect("the oncebox-bench binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--store postgres"), "{stderr}");
+    let out = oncebox_bench()
+        .args([
+            "relay",
+            "--store",
+            "postgres",
+            "--processes",
+            "1",
+            "--messages",
+            "10",
+        ])
+        .output()
+        .expect("the oncebox-bench binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--transport nats"), "{stderr}");
+}
+
 #[cfg(feature = "rabbitmq")]
 #[test]
 fn relay_through_rabbitmq() {

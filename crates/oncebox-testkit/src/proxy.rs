@@ -91,6 +91,13 @@ impl Proxy {
         self.address.port()
     }
 
+    /// The connections open through the proxy now.
+    pub fn open_connections(&self) -> usize {
+        let mut connections = self.shared.connections();
+        connections.retain(|c| !c.is_finished());
+        connections.len()
+    }
+
     /// The condition of the open connections.
     pub fn condition(&self) -> Condition {
         *self.shared.condition.borrow()

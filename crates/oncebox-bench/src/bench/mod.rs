@@ -33,6 +33,7 @@ mod http;
 mod latency;
 mod measure;
 mod probe;
+mod processes;
 mod relay;
 mod report;
 mod spans;
@@ -44,9 +45,10 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use anyhow::Context as _;
 use backend::Backend;
 pub(crate) use backend::redact;
-use report::{RelayReport, Report};
+use report::Report;
 pub(crate) use spans::init as init_spans;
 use transport::BenchTransport;
 
@@ -203,6 +205,15 @@ pub(crate) struct RelayArgs {
     /// The relays compared with the baseline.
     #[arg(long, value_enum, default_value_t = RelayMode::Poll)]
     pub(crate) mode: RelayMode,
+    /// Instead of the comparison with the baseline: this many `oncebox relay` processes
+    /// over one outbox, each count after the other (`1,2,4`), their throughput against
+    /// the first count's (`--store postgres --transport nats`).
+    #[arg(long, value_delimiter = ',', conflicts_with = "mode", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) processes: Option<Vec<u32>>,
+    /// NATS: the servers of the cluster that keep the benchmark's stream (3 for an R3
+    /// stream on a three-node cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub(crate) stream_replicas: u8,
 }
 
 /// Flags of `oncebox-bench latency`.
@@ -303,7 +314,7 @@ pub(crate) async fn run(command: BenchCommand) -> anyhow::Result<ExitCode> {
 async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Result<Report> {
     let body = async {
         match command {
-            BenchCommand::Relay(args) => relay_on(&backend, args).await.map(Report::Relay),
+            BenchCommand::Relay(args) => relay_on(&backend, args).await,
             BenchCommand::Latency(args) => latency::run(&backend, args).await.map(Report::Latency),
             BenchCommand::Consumer(args) => {
                 consumer::run(&backend, args).await.map(Report::Consumer)
@@ -334,7 +345,7 @@ async fn run_on<B: Backend>(backend: B, command: &BenchCommand) -> anyhow::Resul
 }
 
 /// Runs `oncebox-bench relay` on `backend`, publishing to the broker `args` name.
-async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<RelayReport> {
+async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<Report> {
     #[cfg(any(
         feature = "nats",
         feature = "rabbitmq",
@@ -348,7 +359,8 @@ async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<R
         }
         #[cfg(feature = "nats")]
         TransportKind::Nats => {
-            relay_through(backend, transport::nats::NatsBench::open(url).await?, args).await
+            let broker = transport::nats::NatsBench::open(url, args.stream_replicas).await?;
+            relay_through(backend, broker, args).await
         }
         #[cfg(feature = "rabbitmq")]
         TransportKind::Rabbitmq => {
@@ -378,8 +390,23 @@ async fn relay_through<B: Backend, T: BenchTransport>(
     backend: &B,
     mut transport: T,
     args: &RelayArgs,
-) -> anyhow::Result<RelayReport> {
-    let result = relay::run(backend, &mut transport, args).await;
+) -> anyhow::Result<Report> {
+    let result = match &args.processes {
+        Some(counts) => {
+            let pg = backend
+                .postgres()
+                .context("--processes runs `oncebox relay` over --store postgres");
+            match pg {
+                Ok(pg) => processes::run(pg, &mut transport, args, counts)
+                    .await
+                    .map(Report::RelayProcesses),
+                Err(error) => Err(error),
+            }
+        }
+        None => relay::run(backend, &mut transport, args)
+            .await
+            .map(Report::Relay),
+    };
     let cleanup = transport.close().await;
     match (result, cleanup) {
         (Ok(report), Ok(())) => Ok(report),

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::measure::{Run, TracingCost};
+use super::processes::ProcessesReport;
 use super::{StoreKind, TransportKind, Wake};
 
 /// The report of any benchmark.
@@ -11,6 +12,8 @@ use super::{StoreKind, TransportKind, Wake};
 pub(crate) enum Report {
     /// `oncebox-bench relay`.
     Relay(RelayReport),
+    /// `oncebox-bench relay --processes`.
+    RelayProcesses(ProcessesReport),
     /// `oncebox-bench latency`.
     Latency(LatencyReport),
     /// `oncebox-bench consumer`.
@@ -139,6 +142,7 @@ impl Report {
     /// Prints the report as a table on stdout.
     pub(crate) fn print(&self) {
         match self {
+            Self::RelayProcesses(r) => r.print(),
             Self::Relay(r) => {
                 println!(
                     "relay · store {} · transport {} · {} messages · batch {} · {} keys",
@@ -238,7 +242,7 @@ fn print_comparison(engine: f64, baseline: f64, ratio: f64) {
 }
 
 /// The name clap knows a value by.
-fn name(value: impl clap::ValueEnum) -> String {
+pub(crate) fn name(value: impl clap::ValueEnum) -> String {
     value
         .to_possible_value()
         .map_or_else(String::new, |v| v.get_name().to_owned())

@@ -3,6 +3,9 @@
 
 use super::{ChaosArgs, LEASE};
 
+/// The connections each relay and payment process may hold (its `store.pool_size`).
+pub(super) const POOL_SIZE: u32 = 8;
+
 /// The configuration file of the relays and the payment processes.
 pub(super) fn config_toml(
     args: &ChaosArgs,
@@ -19,7 +22,15 @@ pub(super) fn config_toml(
         ),
         "amqp" | "amqps" => ("rabbitmq", format!("exchange = \"{schema}\"\n")),
         "kafka" => ("kafka", String::new()),
-        "redis" | "rediss" => ("redis", format!("key_prefix = \"{schema}:\"\n")),
+        "redis" | "rediss" => {
+            // Redis Cluster: its nodes, separated by commas.
+            let cluster = if is_redis_cluster(&args.broker_url) {
+                "cluster = true\n"
+            } else {
+                ""
+            };
+            ("redis", format!("key_prefix = \"{schema}:\"\n{cluster}"))
+        }
         _ => anyhow::bail!("--broker-url: nats://, amqp://, kafka:// or redis://, not {scheme}://"),
     };
     anyhow::ensure!(
@@ -37,7 +48,7 @@ pub(super) fn config_toml(
         r#"[store]
 url = "{store_url}"
 schema = "{schema}"
-pool_size = 8
+pool_size = {POOL_SIZE}
 
 [broker]
 url = "{broker_url}"
@@ -63,6 +74,13 @@ listen = "off"
     Ok((toml, broker))
 }
 
+/// Whether `url` names a Redis Cluster's nodes (separated by commas), whose clients
+/// follow the cluster's redirections to each node's own address: like Kafka's, their
+/// broker links cannot be proxied.
+pub(super) fn is_redis_cluster(url: &str) -> bool {
+    url.starts_with("redis") && url.contains(',')
+}
+
 /// The start of the application name of the relays' connections: relay `i`'s are
 /// named this and `i`, so that the run can terminate them, and them only, and tell
 /// which relay holds a lock.
@@ -81,7 +99,7 @@ pub(super) fn named_store_url(url: &str, name: &str) -> String {
 /// `with_password` (its `config/url.rs`). A NATS cluster's seeds and a RabbitMQ
 /// cluster's nodes (URLs separated by commas) each lose theirs; the first is the one
 /// returned.
-pub(super) fn split_password(text: &str) -> (String, Option<String>) {
+pub(crate) fn split_password(text: &str) -> (String, Option<String>) {
     if (text.starts_with("nats://") || text.starts_with("amqp")) && text.contains(',') {
         let (seeds, passwords): (Vec<_>, Vec<_>) = text.split(',').map(split_password).unzip();
         return (seeds.join(","), passwords.into_iter().flatten().next());

@@ -313,6 +313,27 @@ impl Fleet {
     pub(crate) fn logs(&self) -> &Path {
         &self.logs
     }
+
+    /// Each process's id and connections to PostgreSQL now (a soak's samples).
+    pub(crate) fn usage(&self) -> Vec<Usage> {
+        self.members
+            .iter()
+            .map(|member| Usage {
+                process: format!("{}-{}", name(member.role), member.index),
+                pid: member.child.id(),
+                db_connections: member.database.proxy.open_connections(),
+            })
+            .collect()
+    }
+}
+
+/// A process of the fleet, as a soak samples it.
+pub(crate) struct Usage {
+    /// `relay-0`, `payments-1`, …
+    pub(crate) process: String,
+    pub(crate) pid: u32,
+    /// Connections open through its proxy to PostgreSQL.
+    pub(crate) db_connections: usize,
 }
 
 impl Member {

@@ -46,6 +46,7 @@ mod payments;
 mod plan;
 mod report;
 mod shop;
+mod soak;
 mod strike;
 mod topic;
 
@@ -62,7 +63,8 @@ use oncebox::postgres::PgStore;
 use sqlx::AssertSqlSafe;
 
 use cdc::RelayKind;
-use config::{config_toml, named_store_url, relay_name_prefix, split_password};
+pub(crate) use config::split_password;
+use config::{POOL_SIZE, config_toml, is_redis_cluster, named_store_url, relay_name_prefix};
 pub(crate) use payments::{PaymentsArgs, run as payments};
 use plan::PlanSpec;
 use report::{ChaosReport, print};
@@ -188,6 +190,18 @@ pub(crate) struct ChaosArgs {
     /// database, the standby, the broker and their commands itself.
     #[arg(long, conflicts_with_all = ["standby_url", "failover", "broker_url", "stream_replicas", "restart_broker"])]
     cluster: bool,
+    /// A soak instead of a campaign: orders at `--rate` for this long (`1h`) and no
+    /// fault, each relay's and payment process's resident memory, open file descriptors
+    /// and database connections sampled every `--sample-every`; the run fails if one of
+    /// them grows after the warm-up (the report's soak section says which).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = [
+        "orders", "cluster", "failover", "kills", "pauses", "terminations", "cuts", "stalls",
+        "slowdowns", "broker_restarts", "postgres_restarts",
+    ])]
+    soak: Option<Duration>,
+    /// How often a soak samples its processes.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, requires = "soak")]
+    sample_every: Duration,
 }
 
 /// Runs `oncebox-bench chaos` and prints its audit.
@@ -197,6 +211,10 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         cluster::clustered(args)?
     } else {
         args
+    };
+    let args = match args.soak {
+        Some(length) => soak::campaign(args, length)?,
+        None => args,
     };
     anyhow::ensure!(
         args.failover.is_none() || !args.relay.is_cdc(),
@@ -339,7 +357,7 @@ async fn run_in(
         cuts: (args.cuts, CUT),
         stalls: (args.stalls, LEASE * 2),
         slowdowns: (args.slowdowns, SLOW),
-        broker_link: broker_kind != "kafka",
+        broker_link: broker_kind != "kafka" && !is_redis_cluster(&args.broker_url),
         broker_restarts: args.broker_restarts,
         postgres_restarts: args.postgres_restarts,
         failovers: u32::from(args.failover.is_some()),
@@ -390,6 +408,10 @@ async fn run_in(
         walsenders_terminated: 0,
         database,
         queue: payments_group.clone(),
+        redis_key: match &broker {
+            Broker::RedisStreams(streams) => Some(streams.stream_key(&topic)),
+            _ => None,
+        },
     };
 
     let started = Instant::now();
@@ -409,6 +431,9 @@ async fn run_in(
         Arc::clone(&retries),
     ));
     let mut due = faults.into_iter().peekable();
+    let mut sampler = args
+        .soak
+        .map(|_| soak::Sampler::new(args.sample_every, u64::from(POOL_SIZE)));
     let mut slot_audit = None;
     let result = async {
         // Faults, while the orders are placed.
@@ -417,6 +442,9 @@ async fn run_in(
                 striker.strike(&mut fleet, at, fault).await?;
             }
             tokio::task::block_in_place(|| fleet.tick())?;
+            if let Some(sampler) = &mut sampler {
+                sampler.tick(&fleet);
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Where the WAL was once the last order committed.
@@ -441,6 +469,9 @@ async fn run_in(
                 break;
             }
             tokio::task::block_in_place(|| fleet.tick())?;
+            if let Some(sampler) = &mut sampler {
+                sampler.tick(&fleet);
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         // The slot: its confirmed position passes the last order and the end of the
@@ -493,6 +524,7 @@ async fn run_in(
         faults: striker.struck,
         unplanned_exits,
         order_retries: retries.load(Ordering::Relaxed),
+        soak: sampler.map(soak::Sampler::report),
         logs: None,
         schema: None,
     };

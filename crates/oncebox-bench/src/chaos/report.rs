@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::cdc::{RelayKind, SlotAudit};
 use super::shop::Ledger;
+use super::soak::SoakReport;
 
 /// The audit of a run.
 #[derive(Debug, Serialize)]
@@ -34,6 +35,9 @@ pub(crate) struct ChaosReport {
     pub(crate) unplanned_exits: u64,
     /// Failed attempts of the order service (each retried until committed).
     pub(crate) order_retries: u64,
+    /// A soak's samples and verdicts (`--soak`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) soak: Option<SoakReport>,
     /// Where the logs are, when kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) logs: Option<PathBuf>,
@@ -93,6 +97,9 @@ impl ChaosReport {
         if let Some(slot) = &self.slot {
             found.extend(slot.violations());
         }
+        if let Some(soak) = &self.soak {
+            found.extend(soak.violations());
+        }
         found
     }
 }
@@ -116,7 +123,12 @@ pub(crate) fn print(report: &ChaosReport) {
         .iter()
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
-    println!("  faults: {}", faults.join(" · "));
+    let faults = if faults.is_empty() {
+        "none".to_owned()
+    } else {
+        faults.join(" · ")
+    };
+    println!("  faults: {faults}");
     println!(
         "  unplanned exits {} · order service retries {}",
         report.unplanned_exits, report.order_retries
@@ -149,6 +161,9 @@ pub(crate) fn print(report: &ChaosReport) {
             "  {} walsenders terminated · outbox rows left: {} pending, {} dead",
             s.walsenders_terminated, s.outbox_pending, s.outbox_dead
         );
+    }
+    if let Some(soak) = &report.soak {
+        soak.print();
     }
     let violations = report.violations();
     if violations.is_empty() {

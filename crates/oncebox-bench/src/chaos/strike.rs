@@ -32,6 +32,9 @@ pub(crate) struct Striker<'a> {
     /// in `ONCEBOX_QUEUE`: `scripts/services.sh restart rabbitmq-cluster` kills the node
     /// holding its leader.
     pub(crate) queue: String,
+    /// The run's Redis stream, named to the restart commands in `ONCEBOX_REDIS_KEY`:
+    /// `scripts/services.sh restart redis-cluster-master` kills the master serving it.
+    pub(crate) redis_key: Option<String>,
 }
 
 impl Striker<'_> {
@@ -130,11 +133,11 @@ impl Striker<'_> {
             } => fleet.trouble(role, index, link, trouble, Duration::from_millis(millis)),
             Fault::RestartBroker => {
                 let command = self.args.restart_broker.as_deref();
-                restart(command, self.store.schema(), &self.queue).await
+                self.restart(command).await
             }
             Fault::RestartPostgres => {
                 let command = self.args.restart_postgres.as_deref();
-                restart(command, self.store.schema(), &self.queue).await
+                self.restart(command).await
             }
             Fault::Failover => {
                 let (Some(address), Some(command)) = (self.database, &self.args.failover) else {
@@ -146,17 +149,25 @@ impl Striker<'_> {
     }
 }
 
-/// Runs a restart command with `ONCEBOX_STREAM` set to the run's NATS stream (named
-/// after its schema), whose leader `scripts/services.sh restart nats-cluster` kills,
-/// and `ONCEBOX_QUEUE` to the payment service's RabbitMQ queue, the node holding whose
-/// leader `scripts/services.sh restart rabbitmq-cluster` kills.
-async fn restart(command: Option<&str>, stream: &str, queue: &str) -> anyhow::Result<()> {
-    let command = command.context("a restart was planned without its command")?;
-    run_command(
-        command,
-        &[("ONCEBOX_STREAM", stream), ("ONCEBOX_QUEUE", queue)],
-    )
-    .await
+impl Striker<'_> {
+    /// Runs a restart command with `ONCEBOX_STREAM` set to the run's NATS stream (named
+    /// after its schema), whose leader `scripts/services.sh restart nats-cluster` kills,
+    /// `ONCEBOX_QUEUE` to the payment service's RabbitMQ queue, the node holding whose
+    /// leader `scripts/services.sh restart rabbitmq-cluster` kills, and
+    /// `ONCEBOX_REDIS_KEY` to the run's Redis stream, whose master
+    /// `scripts/services.sh restart redis-cluster-master` kills.
+    async fn restart(&self, command: Option<&str>) -> anyhow::Result<()> {
+        let command = command.context("a restart was planned without its command")?;
+        run_command(
+            command,
+            &[
+                ("ONCEBOX_STREAM", self.store.schema()),
+                ("ONCEBOX_QUEUE", &self.queue),
+                ("ONCEBOX_REDIS_KEY", self.redis_key.as_deref().unwrap_or("")),
+            ],
+        )
+        .await
+    }
 }
 
 /// Runs `command` with `sh -c`, with `env` added to its environment; its output other

@@ -100,6 +100,16 @@ RETURNING seq, attempts, id::text AS id, topic, key, kind, headers::text AS head
         Ok(bench)
     }
 
+    /// The server's URL.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The schema of the run's tables.
+    pub(crate) fn schema(&self) -> &str {
+        self.store.schema()
+    }
+
     async fn create(&self) -> anyhow::Result<()> {
         self.store
             .migrate()

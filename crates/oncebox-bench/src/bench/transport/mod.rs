@@ -51,6 +51,15 @@ pub(crate) trait BenchTransport: Send + Sync + Sized {
     /// published every message (and no more).
     fn published(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
 
+    /// The `[broker]` section of an `oncebox relay` configuration that publishes to
+    /// this transport's place (`oncebox-bench relay --processes`); brokers that have
+    /// none yet say so.
+    fn relay_config(&self) -> anyhow::Result<String> {
+        anyhow::bail!(
+            "--processes runs `oncebox relay` processes into NATS only (--transport nats)"
+        )
+    }
+
     /// Removes everything this transport created on the broker.
     fn close(self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }

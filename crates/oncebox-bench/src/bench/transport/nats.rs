@@ -38,23 +38,36 @@ pub(crate) struct NatsBench {
     raw: jetstream::Context,
     format: WireFormat,
     stream: String,
+    /// The servers that keep the stream.
+    replicas: u8,
+    /// The server or the cluster's seeds, and the subjects' prefix, for the relay
+    /// processes' configuration.
+    url: String,
+    prefix: String,
     runs: u64,
     topic: String,
 }
 
 impl NatsBench {
-    /// Connects to `url`, else `ONCEBOX_NATS_URL`, else `nats://127.0.0.1:4222`, and
-    /// creates the benchmark's stream.
-    pub(crate) async fn open(url: Option<&str>) -> anyhow::Result<Self> {
+    /// Connects to `url` (a server, or a cluster's seeds separated by commas), else
+    /// `ONCEBOX_NATS_URL`, else `nats://127.0.0.1:4222`, and creates the benchmark's
+    /// stream on `replicas` servers.
+    pub(crate) async fn open(url: Option<&str>, replicas: u8) -> anyhow::Result<Self> {
         let url = match url {
             Some(url) => url.to_owned(),
             None => std::env::var(oncebox::nats::URL_ENV)
                 .unwrap_or_else(|_| oncebox::nats::DEFAULT_URL.to_owned()),
         };
         let id = MessageId::new().to_string().replace('-', "");
-        let options = JetStreamOptions::new(url.clone())
+        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+        let prefix = format!("oncebox-bench.{id}.");
+        let options = servers[1..]
+            .iter()
+            .fold(JetStreamOptions::new(servers[0]), |options, server| {
+                options.server(*server)
+            })
             .name("oncebox-bench")
-            .subject_prefix(format!("oncebox-bench.{id}."))
+            .subject_prefix(prefix.clone())
             .request_timeout(REQUEST_TIMEOUT)
             .max_in_flight(MAX_IN_FLIGHT);
         let transport = JetStreamTransport::connect(options)
@@ -67,14 +80,15 @@ impl NatsBench {
             .ensure_stream(
                 &StreamSettings::new(stream.as_str())
                     .topic(">")
-                    .storage(StreamStorage::File),
+                    .storage(StreamStorage::File)
+                    .replicas(usize::from(replicas)),
             )
             .await
             .context("creating the benchmark's stream")?;
         let client = async_nats::ConnectOptions::new()
             .name("oncebox-bench (raw)")
             .request_timeout(Some(REQUEST_TIMEOUT))
-            .connect(url.as_str())
+            .connect(servers.as_slice())
             .await
             .context("connecting the raw async-nats client")?;
         let raw = ContextBuilder::new()
@@ -87,6 +101,9 @@ impl NatsBench {
             raw,
             format: WireFormat::nats(),
             stream,
+            replicas,
+            url: url.clone(),
+            prefix,
             runs: 0,
             topic: String::new(),
         })
@@ -154,6 +171,13 @@ impl BenchTransport for NatsBench {
 
     async fn published(&self) -> anyhow::Result<u64> {
         Ok(self.stream_info().await?.state.messages)
+    }
+
+    fn relay_config(&self) -> anyhow::Result<String> {
+        Ok(format!(
+            "url = {:?}\nsubject_prefix = {:?}\nstream = {:?}\nstream_replicas = {}\n",
+            self.url, self.prefix, self.stream, self.replicas
+        ))
     }
 
     /// Deletes the benchmark's stream.
