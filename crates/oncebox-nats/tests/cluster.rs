@@ -27,7 +27,8 @@ use futures_util::future::join_all;
 use local::LocalCluster;
 use oncebox_core::{Delivery, Error, Message, MessageId, Publisher, Result, Subscriber};
 use oncebox_nats::{
-    JetStreamOptions, JetStreamSubscriber, JetStreamTransport, StreamSettings, SubscriberOptions,
+    JetStreamError, JetStreamOptions, JetStreamSubscriber, JetStreamTransport, StreamSettings,
+    SubscriberOptions,
 };
 use support::{stream_name, unique};
 use tokio::time::MissedTickBehavior;
@@ -284,7 +285,11 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
         run.received.len(),
         run.duplicates(),
         run.publish_errors.len(),
-        run.publish_errors.iter().take(3).collect::<Vec<_>>(),
+        run.publish_errors
+            .iter()
+            .map(|(_, error)| error)
+            .take(3)
+            .collect::<Vec<_>>(),
         run.cut.max_lag,
         run.cut.behind_at_heal,
         run.caught_up_after,
@@ -306,14 +311,14 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
         "{}'s own copy of the stream kept up through the cut: no partition",
         run.isolated
     );
-    let permanent: Vec<&String> = run
+    let untyped: Vec<&String> = run
         .publish_errors
         .iter()
-        .filter_map(|(transient, error)| (!transient).then_some(error))
+        .filter_map(|(expected, error)| (!expected).then_some(error))
         .collect();
     assert!(
-        permanent.is_empty(),
-        "permanent publish errors: {permanent:?}"
+        untyped.is_empty(),
+        "publish errors that are not transient JetStreamErrors: {untyped:?}"
     );
     assert_eq!(
         run.confirmed.len(),
@@ -341,7 +346,8 @@ struct PartitionRun {
     leaders: (String, String),
     /// The ids of the messages whose publish returned `Ok`.
     confirmed: Vec<MessageId>,
-    /// Publish errors, each with whether it was transient; the publish was retried.
+    /// Publish errors, each with whether it was transient with a [`JetStreamError`] as its
+    /// source; the publish was retried.
     publish_errors: Vec<(bool, String)>,
     /// Deliveries per message id.
     received: HashMap<MessageId, u32>,
@@ -408,8 +414,10 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
                         break;
                     }
                     Err(error) => {
+                        let typed = std::error::Error::source(&error)
+                            .is_some_and(|source| source.is::<JetStreamError>());
                         let transient = error.is_transient();
-                        errors.push((transient, error.to_string()));
+                        errors.push((transient && typed, error.to_string()));
                         if !transient || Instant::now() > deadline {
                             break;
                         }
