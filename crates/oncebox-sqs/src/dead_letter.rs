@@ -11,7 +11,7 @@ use oncebox_core::{Coordinates, Headers, Received, Result};
 
 use crate::error::sdk;
 use crate::names;
-use crate::subscriber::{Queue, group_of};
+use crate::subscriber::Queue;
 use crate::transport::SqsTransport;
 use crate::wire::{self, BODY_ATTRIBUTE};
 
@@ -92,7 +92,9 @@ pub(crate) async fn send(queue: &Queue, message: &SqsMessage, reason: &str) -> R
         .queue_url(&url)
         .message_body(copy.body)
         .set_message_attributes(Some(copy.attributes))
-        .set_message_group_id(fifo.then(|| group_of(message).unwrap_or_else(|| original_id.clone())))
+        // A group of its own: dead letters keep no order, and a reader can then see
+        // them all (a FIFO group hands out only its head while it is not deleted).
+        .set_message_group_id(fifo.then(|| original_id.clone()))
         .set_message_deduplication_id(fifo.then_some(original_id))
         .send()
         .await;
@@ -165,6 +167,17 @@ impl SqsTransport {
     }
 
     fn read_dead_letter(&self, topic: &str, queue: &str, message: &SqsMessage) -> DeadLetter {
+        // The dead letter's own attributes, read apart: the copy of an unreadable
+        // message does not decode either.
+        let fields = wire::fields_of(message).map(|f| f.fields).unwrap_or_default();
+        let field = |name: &str| {
+            fields
+                .iter()
+                .find(|(field, _)| field == name)
+                .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
+        };
+        let reason = field(REASON_ATTRIBUTE);
+        let original_message_id = field(MESSAGE_ID_ATTRIBUTE);
         let mut received = wire::decode(&self.shared.format, topic, queue, message)
             .unwrap_or_else(|_| Received {
                 id: None,
@@ -181,9 +194,13 @@ impl SqsTransport {
                 },
                 delivery_count: 1,
             });
-        let reason = received.headers.remove(REASON_ATTRIBUTE);
-        let original_message_id = received.headers.remove(MESSAGE_ID_ATTRIBUTE);
-        for name in [TOPIC_ATTRIBUTE, QUEUE_ATTRIBUTE, DELIVERIES_ATTRIBUTE] {
+        for name in [
+            REASON_ATTRIBUTE,
+            MESSAGE_ID_ATTRIBUTE,
+            TOPIC_ATTRIBUTE,
+            QUEUE_ATTRIBUTE,
+            DELIVERIES_ATTRIBUTE,
+        ] {
             received.headers.remove(name);
         }
         DeadLetter {

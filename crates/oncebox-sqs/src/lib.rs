@@ -77,12 +77,12 @@
 //! | `ce_subject` | the key, left out when none | [`Message::key`](oncebox_core::Message::key) |
 //! | `ce_time` | creation time, RFC 3339 UTC | [`Message::created_at`](oncebox_core::Message::created_at) |
 //! | `content-type`, `traceparent`, others | the message's own headers | [`Message::headers`](oncebox_core::Message::headers) |
-//! | `oncebox_headers` | only when needed: a JSON object of the headers beyond SQS's ten attributes per message, or whose names SQS does not allow (`:`, a leading `AWS.`) | |
+//! | `oncebox_headers` | only when needed: a JSON object of the headers beyond SQS's ten attributes per message, or whose names SQS does not allow (`/`, a leading `AWS.`) | |
 //! | `MessageGroupId`, `MessageDeduplicationId` | FIFO only: the key and the id, as above | |
 //!
 //! On receipt the `ce_` attributes fill [`Received`](oncebox_core::Received)'s fields;
 //! [`Received::delivery_count`](oncebox_core::Received::delivery_count) is SQS's
-//! `ApproximateReceiveCount`; the coordinates are the queue name and the sequence number
+//! `ApproximateReceiveCount`; the coordinates are the topic and the sequence number
 //! (FIFO) or SQS message id. Reading is lenient: a message of a producer that does not use
 //! oncebox (no `ce_` attributes) arrives with `id: None` and its attributes as headers,
 //! for an [`IdStrategy`](oncebox_core::consumer::IdStrategy) to identify. A message this
@@ -106,13 +106,16 @@
 //! | `oncebox_dead_letter_reason` | why (characters SQS refuses replaced, at most 4 KiB) |
 //! | `oncebox_dead_letter_topic`, `oncebox_dead_letter_queue` | where it was received |
 //! | `oncebox_dead_letter_deliveries` | SQS's receive count of the original |
-//! | `oncebox_dead_letter_message_id` | the original's SQS message id (the FIFO dead-letter queue's deduplication id) |
+//! | `oncebox_dead_letter_message_id` | the original's SQS message id (on a FIFO dead-letter queue also the copy's group and deduplication id) |
 //! | `oncebox_dead_letter_payload_omitted` | only when the body did not fit beside these: its size |
 //!
 //! A queue can also have a redrive policy ([`QueueSettings::max_receive_count`]): SQS then
 //! moves a message received that many times to the same dead-letter queue by itself,
 //! without a reason (a consumer that crashes on it every time).
-//! [`SqsTransport::dead_letters`] reads both kinds.
+//! [`SqsTransport::dead_letters`] reads both kinds (on a FIFO queue, of the messages a
+//! redrive policy moved, only the first of each group: SQS hands out a group's next
+//! message only once the one before is deleted). Binary attributes of the original are
+//! base64 text on the copy.
 //!
 //! # Errors
 //!

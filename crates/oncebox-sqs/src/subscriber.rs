@@ -150,7 +150,8 @@ impl SqsSubscriber {
             return None;
         }
         let format = &self.queue.transport.shared.format;
-        match wire::decode(format, &self.queue.topic, &self.queue.name, &message) {
+        // The coordinates name the topic, as on every transport; the queue is in the options.
+        match wire::decode(format, &self.queue.topic, &self.queue.topic, &message) {
             Ok(received) => Some(SqsDelivery::new(
                 received,
                 Arc::clone(&self.queue),
@@ -205,7 +206,7 @@ impl Subscriber for SqsSubscriber {
 }
 
 /// The FIFO message group of a received message.
-pub(crate) fn group_of(message: &SqsMessage) -> Option<String> {
+fn group_of(message: &SqsMessage) -> Option<String> {
     message
         .attributes()
         .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))

@@ -281,7 +281,8 @@ mod tests {
         for i in 0..12 {
             message.headers.insert(format!("x-{i}"), format!("v{i}")).unwrap();
         }
-        message.headers.insert("bad:name", "v").unwrap();
+        message.headers.insert("AWS.trace", "v").unwrap();
+        message.headers.insert("x/y", "v").unwrap();
         message.headers.insert("x-emoji", "ok \u{1F600}").unwrap();
         let out = encode(&format, &message);
         assert_eq!(out.attributes.len(), MAX_ATTRIBUTES);

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use oncebox_core::consumer::Outcome;
 use oncebox_core::{Message, Publisher};
 use oncebox_sqs::QueueSettings;
+use oncebox_testkit::inbox::InboxHarness;
 use oncebox_testkit::interop::{inbox_outcomes, outcome_of, peer};
 use serde_json::Value;
 use support::{SqsHarness, endpoint};

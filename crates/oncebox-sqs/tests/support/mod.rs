@@ -70,6 +70,8 @@ impl SqsHarness {
 
     /// A fresh topic whose queues exist.
     pub async fn topic(&self, label: &str, settings: &QueueSettings) -> Result<String> {
+        // Queue names have at most 80 characters, `-dlq.fifo` included.
+        let label: String = label.chars().take(24).collect();
         let topic = format!("obt-{label}-{}", unique());
         self.transport.ensure_queue(&topic, settings).await?;
         self.topics
