@@ -169,7 +169,9 @@ impl SqsTransport {
     fn read_dead_letter(&self, topic: &str, queue: &str, message: &SqsMessage) -> DeadLetter {
         // The dead letter's own attributes, read apart: the copy of an unreadable
         // message does not decode either.
-        let fields = wire::fields_of(message).map(|f| f.fields).unwrap_or_default();
+        let fields = wire::fields_of(message)
+            .map(|f| f.fields)
+            .unwrap_or_default();
         let field = |name: &str| {
             fields
                 .iter()
@@ -178,8 +180,8 @@ impl SqsTransport {
         };
         let reason = field(REASON_ATTRIBUTE);
         let original_message_id = field(MESSAGE_ID_ATTRIBUTE);
-        let mut received = wire::decode(&self.shared.format, topic, queue, message)
-            .unwrap_or_else(|_| Received {
+        let mut received =
+            wire::decode(&self.shared.format, topic, queue, message).unwrap_or_else(|_| Received {
                 id: None,
                 topic: topic.to_owned(),
                 key: None,

@@ -27,7 +27,9 @@ pub enum SqsError {
     /// The queue does not exist. Transient: a configuration mistake fixed by creating
     /// the queue ([`SqsTransport::ensure_queue`](crate::SqsTransport::ensure_queue));
     /// until then the relay keeps its messages and retries with backoff.
-    #[error("SQS queue {queue:?} does not exist: create it (SqsTransport::ensure_queue); until then this is retried")]
+    #[error(
+        "SQS queue {queue:?} does not exist: create it (SqsTransport::ensure_queue); until then this is retried"
+    )]
     NoQueue {
         /// The queue's name or URL.
         queue: String,
@@ -140,7 +142,11 @@ pub(crate) fn code_is_transient(code: &str) -> bool {
 
 /// Maps an SDK error onto oncebox's: unreachable → outage, a missing queue → transient
 /// [`SqsError::NoQueue`], other answers by their code (5xx and throttling transient).
-pub(crate) fn sdk<E>(operation: &'static str, queue: &str, error: SdkError<E, HttpResponse>) -> Error
+pub(crate) fn sdk<E>(
+    operation: &'static str,
+    queue: &str,
+    error: SdkError<E, HttpResponse>,
+) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {

@@ -33,9 +33,12 @@ pub(crate) fn is_url(queue: &str) -> bool {
 
 /// The queue name at the end of a queue URL.
 pub(crate) fn name_of_url(url: &str) -> Result<&str, &'static str> {
-    let name = url.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
-    if name.contains(':') || name.is_empty() || url.trim_end_matches('/').matches('/').count() < 3
-    {
+    let name = url
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
+    if name.contains(':') || name.is_empty() || url.trim_end_matches('/').matches('/').count() < 3 {
         return Err("a queue URL ends with the account and the queue name");
     }
     check_queue_name(name)?;
@@ -53,7 +56,9 @@ pub(crate) fn check_queue_name(name: &str) -> Result<(), &'static str> {
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        return Err("queue names have only ASCII letters, digits, '-' and '_' (and a .fifo suffix)");
+        return Err(
+            "queue names have only ASCII letters, digits, '-' and '_' (and a .fifo suffix)",
+        );
     }
     Ok(())
 }
@@ -77,7 +82,9 @@ pub(crate) fn dead_letter_queue(queue: &str, suffix: &str) -> String {
 /// group, still); a message without key gets a group of its own, its id.
 pub(crate) fn group_id(key: Option<&str>, id: &str) -> String {
     match key {
-        Some(key) if !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_graphic()) => {
+        Some(key)
+            if !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
             key.to_owned()
         }
         Some(key) => {

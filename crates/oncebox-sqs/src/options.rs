@@ -247,7 +247,10 @@ impl SqsOptions {
         if self.region.as_deref().is_some_and(str::is_empty) {
             return Err(invalid("the region must not be empty".into()));
         }
-        let default = self.default_queue.iter().map(|queue| ("(default)", queue.as_str()));
+        let default = self
+            .default_queue
+            .iter()
+            .map(|queue| ("(default)", queue.as_str()));
         for (topic, queue) in self
             .queues
             .iter()
@@ -433,7 +436,9 @@ mod tests {
 
     #[test]
     fn queues_are_named_after_topics() {
-        let options = SqsOptions::new().queue_prefix("shop-").queue("audit", "audit-log");
+        let options = SqsOptions::new()
+            .queue_prefix("shop-")
+            .queue("audit", "audit-log");
         assert_eq!(options.queue_of("orders").unwrap(), "shop-orders");
         assert_eq!(options.queue_of("billing.v1").unwrap(), "shop-billing-v1");
         assert_eq!(options.queue_of("audit").unwrap(), "audit-log");
@@ -451,9 +456,8 @@ mod tests {
             SqsOptions::new().queue("orders", "https://sqs.example.com/"),
             SqsOptions::new().dead_letter_suffix(""),
             SqsOptions::new().max_message_size(2 * MAX_MESSAGE_SIZE),
-            SqsOptions::new().subscriber(
-                SubscriberOptions::new().visibility_timeout(Duration::from_millis(10)),
-            ),
+            SqsOptions::new()
+                .subscriber(SubscriberOptions::new().visibility_timeout(Duration::from_millis(10))),
             SqsOptions::new().subscriber(
                 SubscriberOptions::new()
                     .visibility_timeout(Duration::from_secs(60))

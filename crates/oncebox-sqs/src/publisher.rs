@@ -89,7 +89,11 @@ impl SqsPublisher {
             return sender.clone();
         }
         let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run_batches(self.transport.clone(), url.to_owned(), receiver));
+        tokio::spawn(run_batches(
+            self.transport.clone(),
+            url.to_owned(),
+            receiver,
+        ));
         queues.insert(url.to_owned(), sender.clone());
         sender
     }
@@ -238,7 +242,11 @@ async fn send_batch(transport: &SqsTransport, url: &str, mut batch: Vec<Pending>
                         operation: "sending a message",
                         code: failure.code().to_owned(),
                         message: failure.message().unwrap_or_default().to_owned(),
-                        fault: if failure.sender_fault() { "sender" } else { "server" },
+                        fault: if failure.sender_fault() {
+                            "sender"
+                        } else {
+                            "server"
+                        },
                     };
                     if failure.sender_fault() && !code_is_transient(failure.code()) {
                         let _ = pending.done.send(Err(error.permanent()));
@@ -258,7 +266,11 @@ async fn send_batch(transport: &SqsTransport, url: &str, mut batch: Vec<Pending>
         if again.is_empty() {
             return;
         }
-        tracing::debug!(entries = again.len(), attempt, "SQS did not confirm some entries; sending them again");
+        tracing::debug!(
+            entries = again.len(),
+            attempt,
+            "SQS did not confirm some entries; sending them again"
+        );
         batch = again;
     }
     for (pending, error) in batch.into_iter().zip(errors) {

@@ -107,7 +107,10 @@ impl SqsTransport {
             }
             builder = builder.region(Region::new(FALLBACK_REGION));
         }
-        Ok(Self::with_client(Client::from_conf(builder.build()), options))
+        Ok(Self::with_client(
+            Client::from_conf(builder.build()),
+            options,
+        ))
     }
 
     /// A transport on a client built elsewhere (other credentials providers, an HTTP
@@ -183,7 +186,9 @@ impl SqsTransport {
                     .attributes()
                     .and_then(|a| a.get(&QueueAttributeName::QueueArn))
                     .cloned()
-                    .ok_or_else(|| Error::transport_transient("SQS did not return the dead-letter queue's ARN"))?;
+                    .ok_or_else(|| {
+                        Error::transport_transient("SQS did not return the dead-letter queue's ARN")
+                    })?;
                 Some(
                     serde_json::json!({ "deadLetterTargetArn": arn, "maxReceiveCount": count })
                         .to_string(),
@@ -200,10 +205,15 @@ impl SqsTransport {
         settings: &QueueSettings,
         redrive: Option<String>,
     ) -> Result<String> {
-        let mut request = self.shared.client.create_queue().queue_name(name).attributes(
-            QueueAttributeName::VisibilityTimeout,
-            seconds(self.shared.options.subscriber.visibility_timeout).to_string(),
-        );
+        let mut request = self
+            .shared
+            .client
+            .create_queue()
+            .queue_name(name)
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                seconds(self.shared.options.subscriber.visibility_timeout).to_string(),
+            );
         if names::is_fifo(name) {
             request = request
                 .attributes(QueueAttributeName::FifoQueue, "true")
@@ -260,6 +270,9 @@ impl SqsTransport {
     }
 
     fn urls(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.shared.urls.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .urls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_sqs::types::{Message as SqsMessage, MessageAttributeValue, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{
+    Message as SqsMessage, MessageAttributeValue, MessageSystemAttributeName,
+};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -37,11 +39,16 @@ pub(crate) struct Outgoing {
 /// Encodes `fields` (name, value) and a body as an SQS message: the fields SQS allows as
 /// attributes are attributes, up to ten with `extra` (the body attribute) counted; the
 /// rest travel in [`HEADERS_ATTRIBUTE`].
-pub(crate) fn outgoing(body: String, body_kind: Option<&str>, fields: Vec<(String, String)>) -> Outgoing {
+pub(crate) fn outgoing(
+    body: String,
+    body_kind: Option<&str>,
+    fields: Vec<(String, String)>,
+) -> Outgoing {
     let reserved = usize::from(body_kind.is_some());
-    let (mut direct, mut packed): (Vec<_>, Vec<_>) = fields.into_iter().partition(|(name, value)| {
-        attribute_name_allowed(name) && value.chars().all(text_char_allowed)
-    });
+    let (mut direct, mut packed): (Vec<_>, Vec<_>) =
+        fields.into_iter().partition(|(name, value)| {
+            attribute_name_allowed(name) && value.chars().all(text_char_allowed)
+        });
     if direct.len() + reserved + usize::from(!packed.is_empty()) > MAX_ATTRIBUTES {
         let keep = MAX_ATTRIBUTES - reserved - 1;
         packed.splice(0..0, direct.split_off(keep));
@@ -60,7 +67,10 @@ pub(crate) fn outgoing(body: String, body_kind: Option<&str>, fields: Vec<(Strin
             .into_iter()
             .map(|(name, value)| (name, serde_json::Value::String(value)))
             .collect();
-        add(HEADERS_ATTRIBUTE.to_owned(), ascii_json(&serde_json::Value::Object(object)));
+        add(
+            HEADERS_ATTRIBUTE.to_owned(),
+            ascii_json(&serde_json::Value::Object(object)),
+        );
     }
     for (name, value) in direct {
         add(name, value);
@@ -160,10 +170,14 @@ pub(crate) fn fields_of(message: &SqsMessage) -> Result<Fields, InvalidMessage> 
             BODY_ATTRIBUTE => body_kind = Some(String::from_utf8_lossy(&bytes).into_owned()),
             HEADERS_ATTRIBUTE => {
                 let object: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_slice(&bytes).map_err(|_| unreadable(HEADERS_ATTRIBUTE, "not a JSON object"))?;
+                    serde_json::from_slice(&bytes)
+                        .map_err(|_| unreadable(HEADERS_ATTRIBUTE, "not a JSON object"))?;
                 for (name, value) in object {
                     let serde_json::Value::String(value) = value else {
-                        return Err(unreadable(HEADERS_ATTRIBUTE, "a value that is not a string"));
+                        return Err(unreadable(
+                            HEADERS_ATTRIBUTE,
+                            "a value that is not a string",
+                        ));
                     };
                     fields.push((name, value.into_bytes()));
                 }
@@ -196,7 +210,12 @@ pub(crate) fn decode(
 ) -> Result<Received, InvalidMessage> {
     let Fields { fields, body_kind } = fields_of(message)?;
     let payload = payload_of(message.body().unwrap_or_default(), body_kind.as_deref())?;
-    let system = |name| message.attributes().and_then(|a| a.get(&name)).map(String::as_str);
+    let system = |name| {
+        message
+            .attributes()
+            .and_then(|a| a.get(&name))
+            .map(String::as_str)
+    };
     let position = system(MessageSystemAttributeName::SequenceNumber)
         .or(message.message_id())
         .unwrap_or_default()
@@ -206,7 +225,9 @@ pub(crate) fn decode(
         .unwrap_or(1);
     format.decode(
         topic,
-        fields.iter().map(|(name, value)| (name.as_bytes(), value.as_slice())),
+        fields
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_slice())),
         payload,
         Coordinates {
             source: queue.to_owned(),
@@ -243,7 +264,13 @@ mod tests {
         let mut message = Message::new("orders", "{\"total\":42}")
             .with_key("order-42")
             .with_kind("order.placed");
-        message.headers.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+        message
+            .headers
+            .insert(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+            .unwrap();
         let out = encode(&format, &message);
         assert!(out.attributes.contains_key("ce_id"));
         assert!(!out.attributes.contains_key(BODY_ATTRIBUTE));
@@ -253,7 +280,10 @@ mod tests {
         assert_eq!(back.kind, "order.placed");
         assert_eq!(back.payload, message.payload);
         assert_eq!(back.delivery_count, 3);
-        assert_eq!(back.headers.get("traceparent"), message.headers.get("traceparent"));
+        assert_eq!(
+            back.headers.get("traceparent"),
+            message.headers.get("traceparent")
+        );
     }
 
     #[test]
@@ -279,7 +309,10 @@ mod tests {
         let format = WireFormat::sqs();
         let mut message = Message::new("t", vec![0u8]).with_key("k");
         for i in 0..12 {
-            message.headers.insert(format!("x-{i}"), format!("v{i}")).unwrap();
+            message
+                .headers
+                .insert(format!("x-{i}"), format!("v{i}"))
+                .unwrap();
         }
         message.headers.insert("AWS.trace", "v").unwrap();
         message.headers.insert("x/y", "v").unwrap();

@@ -21,8 +21,15 @@ use support::{SqsHarness, endpoint};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_reads_what_oncebox_publishes() {
     let harness = SqsHarness::with_options(true, |options| options.source("/orders-service")).await;
-    let topic = harness.topic("interop-out", &QueueSettings::new()).await.unwrap();
-    let url = harness.transport.ensure_queue(&topic, &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("interop-out", &QueueSettings::new())
+        .await
+        .unwrap();
+    let url = harness
+        .transport
+        .ensure_queue(&topic, &QueueSettings::new())
+        .await
+        .unwrap();
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let message = Message::json(topic.clone(), &serde_json::json!({"order": 42}))
         .unwrap()
@@ -30,7 +37,12 @@ async fn python_reads_what_oncebox_publishes() {
         .with_kind("order.placed")
         .with_header("traceparent", traceparent)
         .unwrap();
-    harness.transport.publisher().publish(&message).await.unwrap();
+    harness
+        .transport
+        .publisher()
+        .publish(&message)
+        .await
+        .unwrap();
 
     let output = peer(&["sqs-read", &endpoint(), &url, "1"]).await;
     let event: Value = serde_json::from_str(output.trim()).expect("one JSON line");
@@ -61,8 +73,15 @@ async fn python_reads_what_oncebox_publishes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oncebox_receives_what_python_publishes() {
     let harness = SqsHarness::new(true).await;
-    let topic = harness.topic("interop-in", &QueueSettings::new()).await.unwrap();
-    let url = harness.transport.ensure_queue(&topic, &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("interop-in", &QueueSettings::new())
+        .await
+        .unwrap();
+    let url = harness
+        .transport
+        .ensure_queue(&topic, &QueueSettings::new())
+        .await
+        .unwrap();
     let subscriber = harness.transport.subscriber(&topic).await.unwrap();
     let (store, seen) =
         inbox_outcomes(subscriber, peer(&["sqs-write", &endpoint(), &url]), 5).await;

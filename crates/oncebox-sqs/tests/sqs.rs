@@ -30,7 +30,10 @@ fn sqs_error(error: &Error) -> &SqsError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversize_messages_are_refused_before_sending() {
     let harness = SqsHarness::new(false).await;
-    let topic = harness.topic("oversize", &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("oversize", &QueueSettings::new())
+        .await
+        .unwrap();
     let publisher = harness.transport.publisher();
     // The body alone fits 256 KiB; with the attributes it does not.
     let message = Message::new(topic.clone(), "x".repeat(256 * 1024 - 10));
@@ -57,8 +60,15 @@ async fn oversize_messages_are_refused_before_sending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_entry_fails_alone() {
     let harness = SqsHarness::new(false).await;
-    let topic = harness.topic("partial", &QueueSettings::new()).await.unwrap();
-    let url = harness.transport.ensure_queue(&topic, &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("partial", &QueueSettings::new())
+        .await
+        .unwrap();
+    let url = harness
+        .transport
+        .ensure_queue(&topic, &QueueSettings::new())
+        .await
+        .unwrap();
     harness
         .transport
         .client()
@@ -71,7 +81,11 @@ async fn a_refused_entry_fails_alone() {
     let publisher = harness.transport.publisher();
     let messages: Vec<_> = (0..9)
         .map(|i| {
-            let body = if i == 4 { "y".repeat(2_000) } else { format!("m{i}") };
+            let body = if i == 4 {
+                "y".repeat(2_000)
+            } else {
+                format!("m{i}")
+            };
             Message::new(topic.clone(), body)
         })
         .collect();
@@ -100,7 +114,10 @@ async fn a_refused_entry_fails_alone() {
         delivery.ack().await.unwrap();
     }
     bodies.sort();
-    let expected: Vec<_> = (0..9).filter(|i| *i != 4).map(|i| format!("m{i}")).collect();
+    let expected: Vec<_> = (0..9)
+        .filter(|i| *i != 4)
+        .map(|i| format!("m{i}"))
+        .collect();
     assert_eq!(bodies, expected);
     harness.cleanup().await;
 }
@@ -110,7 +127,10 @@ async fn a_refused_entry_fails_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_queues_drop_a_republished_message() {
     let harness = SqsHarness::new(true).await;
-    let topic = harness.topic("republish", &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("republish", &QueueSettings::new())
+        .await
+        .unwrap();
     let publisher = harness.transport.publisher();
     let first = Message::new(topic.clone(), "once").with_key("order-1");
     publisher.publish(&first).await.unwrap();
@@ -138,8 +158,15 @@ async fn fifo_queues_drop_a_republished_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_messages_are_dead_lettered() {
     let harness = SqsHarness::new(false).await;
-    let topic = harness.topic("unreadable", &QueueSettings::new()).await.unwrap();
-    let url = harness.transport.ensure_queue(&topic, &QueueSettings::new()).await.unwrap();
+    let topic = harness
+        .topic("unreadable", &QueueSettings::new())
+        .await
+        .unwrap();
+    let url = harness
+        .transport
+        .ensure_queue(&topic, &QueueSettings::new())
+        .await
+        .unwrap();
     harness
         .transport
         .client()
@@ -171,7 +198,11 @@ async fn unreadable_messages_are_dead_lettered() {
     assert!(quiet.is_err(), "the unreadable message came back");
     let dead = harness.transport.dead_letters(&topic, 10).await.unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert!(dead[0].reason.contains("unreadable") && dead[0].reason.contains("base64"), "{}", dead[0].reason);
+    assert!(
+        dead[0].reason.contains("unreadable") && dead[0].reason.contains("base64"),
+        "{}",
+        dead[0].reason
+    );
     harness.cleanup().await;
 }
 
@@ -197,7 +228,10 @@ async fn a_redrive_policy_moves_what_keeps_failing() {
         drop(next(&mut subscriber).await);
     }
     let quiet = tokio::time::timeout(Duration::from_secs(4), subscriber.next()).await;
-    assert!(quiet.is_err(), "delivered a third time despite maxReceiveCount 2");
+    assert!(
+        quiet.is_err(),
+        "delivered a third time despite maxReceiveCount 2"
+    );
     let dead = harness.transport.dead_letters(&topic, 10).await.unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(&dead[0].received.payload[..], b"poison");
@@ -214,17 +248,22 @@ async fn missing_queues_and_servers_are_transient() {
     let error = harness
         .transport
         .publisher()
-        .publish(&Message::new(format!("obt-missing-{}", support::unique()), "x"))
+        .publish(&Message::new(
+            format!("obt-missing-{}", support::unique()),
+            "x",
+        ))
         .await
         .unwrap_err();
     assert!(error.is_transient(), "{error}");
-    assert!(matches!(sqs_error(&error), SqsError::NoQueue { .. }), "{error}");
+    assert!(
+        matches!(sqs_error(&error), SqsError::NoQueue { .. }),
+        "{error}"
+    );
 
-    let nowhere = oncebox_sqs::SqsTransport::connect(
-        support::local_options().endpoint("http://127.0.0.1:9"),
-    )
-    .await
-    .unwrap();
+    let nowhere =
+        oncebox_sqs::SqsTransport::connect(support::local_options().endpoint("http://127.0.0.1:9"))
+            .await
+            .unwrap();
     let error = nowhere.subscriber("orders").await.unwrap_err();
     assert!(error.is_outage(), "{error}");
 }

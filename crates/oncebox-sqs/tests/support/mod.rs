@@ -83,7 +83,8 @@ impl SqsHarness {
 
     /// Deletes the queues of every topic made.
     pub async fn cleanup(&self) {
-        let topics = std::mem::take(&mut *self.topics.lock().unwrap_or_else(PoisonError::into_inner));
+        let topics =
+            std::mem::take(&mut *self.topics.lock().unwrap_or_else(PoisonError::into_inner));
         let client = self.transport.client();
         for topic in topics {
             let Ok(queue) = self.transport.options().queue_of(&topic) else {
