@@ -138,6 +138,9 @@
 //! environment, shared config and credentials files (static keys, assumed roles), web
 //! identity tokens, and ECS and EC2 instance metadata; for SSO profiles, build a client
 //! with `aws-config`'s defaults yourself and pass it to [`SqsTransport::with_client`].
+//! The SDK is large: the feature `sqs` adds 41 crates to the `oncebox` command's build,
+//! most of the time going to the generated `aws-sdk-sqs` and `aws-sdk-sts` (which
+//! `aws-config` uses for assumed roles and web identity).
 //!
 //! # Local servers
 //!
