@@ -568,6 +568,20 @@ ensure_browser() {
   log "$(chromedriver --version | head -n1)"
 }
 
+# prometheus: Debian's Prometheus server and promtool, for the checks of deploy/prometheus
+# in scripts/test and the live alert test of oncebox-cli. Nothing is started here (the
+# package's own service is stopped where an init system started it): each test starts
+# its own server on a free port with a data directory of its own.
+ensure_prometheus() {
+  command -v promtool >/dev/null && command -v prometheus >/dev/null && return 0
+  log "installing prometheus (server and promtool)"
+  apt_install --no-install-recommends prometheus
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    systemctl stop prometheus || true
+  fi
+  log "$(prometheus --version 2>&1 | head -n1)"
+}
+
 # restart NAME: a restart that keeps the service's data, as `oncebox-bench chaos` injects it.
 # Kafka (tansu) keeps its data in memory here: a restart would lose it.
 restart() {
@@ -639,6 +653,7 @@ for service in "$@"; do
     nats-cluster) ensure_nats_cluster ;;
     kafka) ensure_kafka ;;
     browser) ensure_browser ;;
+    prometheus) ensure_prometheus ;;
     *) log "unknown service: $service"; exit 2 ;;
   esac
 done
