@@ -40,7 +40,10 @@ impl Prometheus {
         let log = std::fs::File::create(dir.join("prometheus.log")).expect("a log");
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -64,8 +67,11 @@ impl Prometheus {
 
     /// Whether the scrape of the relay works now.
     fn target_up(&self) -> bool {
-        support::http_get(self.port, "/api/v1/query?query=up%7Bjob%3D%22oncebox-relay%22%7D")
-            .is_some_and(|(_, body)| body.contains(r#""value":["#) && body.contains(r#","1"]"#))
+        support::http_get(
+            self.port,
+            "/api/v1/query?query=up%7Bjob%3D%22oncebox-relay%22%7D",
+        )
+        .is_some_and(|(_, body)| body.contains(r#""value":["#) && body.contains(r#","1"]"#))
     }
 }
 
@@ -128,12 +134,18 @@ fn the_backlog_alert_fires_while_the_relay_is_stopped_and_resolves_when_it_is_ba
         })
     };
 
-    wait_for("Prometheus to scrape the relay", Duration::from_secs(60), || {
-        prometheus.target_up().then_some(())
-    });
+    wait_for(
+        "Prometheus to scrape the relay",
+        Duration::from_secs(60),
+        || prometheus.target_up().then_some(()),
+    );
     // Held for longer than `for:` with the relay draining: no alert.
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(prometheus.alert(ALERT), None, "no alert while the relay drains");
+    assert_eq!(
+        prometheus.alert(ALERT),
+        None,
+        "no alert while the relay drains"
+    );
 
     relay.stop_cleanly(Duration::from_secs(30));
     let fired = wait_for("the backlog alert to fire", Duration::from_secs(60), || {
@@ -150,9 +162,11 @@ fn the_backlog_alert_fires_while_the_relay_is_stopped_and_resolves_when_it_is_ba
 
     let mut relay = Service::start_on(port, dir.path(), "relay-2", &config, &["relay"]);
     relay.wait_ready(Duration::from_secs(30));
-    wait_for("the backlog alert to resolve", Duration::from_secs(60), || {
-        prometheus.alert(ALERT).is_none().then_some(())
-    });
+    wait_for(
+        "the backlog alert to resolve",
+        Duration::from_secs(60),
+        || prometheus.alert(ALERT).is_none().then_some(()),
+    );
     writing.store(false, Ordering::Relaxed);
     let written = producer.join().expect("the producer");
     assert!(written > 0);
@@ -160,6 +174,11 @@ fn the_backlog_alert_fires_while_the_relay_is_stopped_and_resolves_when_it_is_ba
     drop(prometheus);
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
     let _ = Command::new("redis-cli")
-        .args(["-u", &support::redis_url(), "DEL", &format!("{schema}:orders")])
+        .args([
+            "-u",
+            &support::redis_url(),
+            "DEL",
+            &format!("{schema}:orders"),
+        ])
         .output();
 }

@@ -54,7 +54,12 @@ impl Drop for Cleanup {
             ))
             .output();
         let _ = std::process::Command::new("redis-cli")
-            .args(["-u", &support::redis_url(), "DEL", &format!("{name}:orders")])
+            .args([
+                "-u",
+                &support::redis_url(),
+                "DEL",
+                &format!("{name}:orders"),
+            ])
             .output();
     }
 }
@@ -208,7 +213,11 @@ fn the_rules_follow_their_conventions_and_their_runbooks_exist() {
     let mut alerts = 0;
     for rule in deploy_files::rules(deploy_files::RULES) {
         if let Some(record) = rule["record"].as_str() {
-            assert_eq!(record.split(':').count(), 3, "{record}: level:metric:operations");
+            assert_eq!(
+                record.split(':').count(),
+                3,
+                "{record}: level:metric:operations"
+            );
             continue;
         }
         let alert = rule["alert"].as_str().expect("an alert or a record");
@@ -220,7 +229,9 @@ fn the_rules_follow_their_conventions_and_their_runbooks_exist() {
         );
         for key in ["summary", "description", "runbook_url"] {
             assert!(
-                rule["annotations"][key].as_str().is_some_and(|text| !text.is_empty()),
+                rule["annotations"][key]
+                    .as_str()
+                    .is_some_and(|text| !text.is_empty()),
                 "{alert}: no {key}"
             );
         }

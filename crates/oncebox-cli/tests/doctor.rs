@@ -90,7 +90,10 @@ fn a_good_setup_passes_every_check() {
     std::fs::write(&token, "a-token-of-twenty-chars").expect("the token");
     let poll = config(dir.path(), "poll.toml", &support::pg_url(), &schema, "");
     run_ok(&poll, &["migrate"]);
-    let env = [("ONCEBOX_DASHBOARD__TOKEN_FILE", token.to_str().expect("a path"))];
+    let env = [(
+        "ONCEBOX_DASHBOARD__TOKEN_FILE",
+        token.to_str().expect("a path"),
+    )];
     let (out, report) = doctor(&poll, &env, &[]);
     assert_eq!(report["ok"], true, "{report:#}");
     assert_eq!(out.status.code(), Some(0));
@@ -102,7 +105,14 @@ fn a_good_setup_passes_every_check() {
         .collect();
     assert_eq!(
         names,
-        ["store", "migrations", "rights", "clock", "broker", "dashboard token"]
+        [
+            "store",
+            "migrations",
+            "rights",
+            "clock",
+            "broker",
+            "dashboard token"
+        ]
     );
 
     let cdc = config(
@@ -115,9 +125,19 @@ fn a_good_setup_passes_every_check() {
     let (out, report) = doctor(&cdc, &[], &[]);
     assert_eq!(report["ok"], true, "{report:#}");
     assert_eq!(out.status.code(), Some(0));
-    for name in ["wal_level", "max_replication_slots", "max_slot_wal_keep_size", "replication role", "slot"] {
+    for name in [
+        "wal_level",
+        "max_replication_slots",
+        "max_slot_wal_keep_size",
+        "replication role",
+        "slot",
+    ] {
         assert!(
-            report["checks"].as_array().expect("checks").iter().any(|check| check["check"] == name),
+            report["checks"]
+                .as_array()
+                .expect("checks")
+                .iter()
+                .any(|check| check["check"] == name),
             "no {name} check: {report:#}"
         );
     }
@@ -130,7 +150,11 @@ fn a_good_setup_passes_every_check() {
         .output()
         .expect("oncebox runs");
     let text = String::from_utf8_lossy(&text.stdout);
-    assert_eq!(text.lines().filter(|line| line.starts_with("ok ")).count(), 6, "{text}");
+    assert_eq!(
+        text.lines().filter(|line| line.starts_with("ok ")).count(),
+        6,
+        "{text}"
+    );
     assert!(text.ends_with("all 6 checks passed\n"), "{text}");
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
@@ -181,7 +205,10 @@ fn migrations_clock_token_and_a_lost_slot_fail() {
     std::fs::write(&token, "short").expect("the token");
     let (out, report) = doctor(
         &cdc,
-        &[("ONCEBOX_DASHBOARD__TOKEN_FILE", token.to_str().expect("a path"))],
+        &[(
+            "ONCEBOX_DASHBOARD__TOKEN_FILE",
+            token.to_str().expect("a path"),
+        )],
         &["--max-clock-difference", "0s"],
     );
     let failures = assert_failed(
@@ -243,7 +270,11 @@ fn a_server_not_set_up_for_log_tailing_fails() {
     assert_failed(
         &out,
         &report,
-        &["wal_level", "max_replication_slots", "max_slot_wal_keep_size"],
+        &[
+            "wal_level",
+            "max_replication_slots",
+            "max_slot_wal_keep_size",
+        ],
     );
     let _ = std::process::Command::new("psql")
         .arg(plain_pg_url())
@@ -271,6 +302,9 @@ fn a_subject_no_stream_captures_fails() {
     run_ok(&poll, &["migrate"]);
     let (out, report) = doctor(&poll, &[], &[]);
     let failures = assert_failed(&out, &report, &["stream"]);
-    assert!(failures[0].1.contains(&format!("{schema}.orders")), "{failures:?}");
+    assert!(
+        failures[0].1.contains(&format!("{schema}.orders")),
+        "{failures:?}"
+    );
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }

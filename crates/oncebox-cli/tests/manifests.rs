@@ -30,10 +30,16 @@ fn manifests() -> Vec<(String, Yaml)> {
     assert!(!files.is_empty());
     let mut docs = Vec::new();
     for path in files {
-        let name = format!("{DIR}/{}", path.file_name().expect("a name").to_string_lossy());
+        let name = format!(
+            "{DIR}/{}",
+            path.file_name().expect("a name").to_string_lossy()
+        );
         for doc in deploy_files::yaml(&name) {
             for key in ["apiVersion", "kind"] {
-                assert!(doc[key].as_str().is_some(), "{name}: a document without {key}");
+                assert!(
+                    doc[key].as_str().is_some(),
+                    "{name}: a document without {key}"
+                );
             }
             assert!(
                 doc["metadata"]["name"].as_str().is_some(),
@@ -48,7 +54,9 @@ fn manifests() -> Vec<(String, Yaml)> {
 fn find<'a>(docs: &'a [(String, Yaml)], kind: &str, name: &str) -> &'a Yaml {
     docs.iter()
         .map(|(_, doc)| doc)
-        .find(|doc| doc["kind"].as_str() == Some(kind) && doc["metadata"]["name"].as_str() == Some(name))
+        .find(|doc| {
+            doc["kind"].as_str() == Some(kind) && doc["metadata"]["name"].as_str() == Some(name)
+        })
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
@@ -122,7 +130,9 @@ fn pod(docs: &[(String, Yaml)], name: &str, dir: &Path) -> Pod {
     let local_config = dir.join(format!("{name}.toml"));
     std::fs::write(
         &local_config,
-        config_map["data"]["oncebox.toml"].as_str().expect("oncebox.toml"),
+        config_map["data"]["oncebox.toml"]
+            .as_str()
+            .expect("oncebox.toml"),
     )
     .expect("the config is written");
 
@@ -130,8 +140,15 @@ fn pod(docs: &[(String, Yaml)], name: &str, dir: &Path) -> Pod {
         .iter()
         .map(|arg| arg.as_str().expect("a string").to_owned())
         .collect();
-    let at = args.iter().position(|arg| arg == "--config").expect("--config");
-    assert_eq!(args[at + 1], format!("{config_dir}/oncebox.toml"), "{name}: the mounted file");
+    let at = args
+        .iter()
+        .position(|arg| arg == "--config")
+        .expect("--config");
+    assert_eq!(
+        args[at + 1],
+        format!("{config_dir}/oncebox.toml"),
+        "{name}: the mounted file"
+    );
     args[at + 1] = local_config.display().to_string();
 
     let mut env = BTreeMap::new();
@@ -184,7 +201,10 @@ fn pod(docs: &[(String, Yaml)], name: &str, dir: &Path) -> Pod {
             let get = &container[*probe]["httpGet"];
             (
                 (*probe).to_owned(),
-                get["path"].as_str().expect("an httpGet probe with a path").to_owned(),
+                get["path"]
+                    .as_str()
+                    .expect("an httpGet probe with a path")
+                    .to_owned(),
                 get["port"].clone(),
             )
         })
@@ -202,7 +222,11 @@ fn pod(docs: &[(String, Yaml)], name: &str, dir: &Path) -> Pod {
 impl Pod {
     /// The merged configuration the pod runs on, by `oncebox config check`.
     fn config(&self) -> toml::Table {
-        let config_at = self.args.iter().position(|arg| arg == "--config").expect("--config");
+        let config_at = self
+            .args
+            .iter()
+            .position(|arg| arg == "--config")
+            .expect("--config");
         let out = support::oncebox()
             .args(&self.args[..config_at + 2])
             .args(["config", "check"])
@@ -291,7 +315,12 @@ impl Drop for Cleanup {
             ))
             .output();
         let _ = std::process::Command::new("redis-cli")
-            .args(["-u", &support::redis_url(), "DEL", &format!("{name}:orders")])
+            .args([
+                "-u",
+                &support::redis_url(),
+                "DEL",
+                &format!("{name}:orders"),
+            ])
             .output();
     }
 }
@@ -313,10 +342,17 @@ fn the_kubernetes_manifests_fit_the_binary() {
 
     // The polling relay: several replicas, a budget that keeps most of them.
     let relay = find(&docs, "Deployment", "oncebox-relay");
-    assert!(relay["spec"]["replicas"].as_i64().unwrap_or(1) >= 2, "several polling relays");
+    assert!(
+        relay["spec"]["replicas"].as_i64().unwrap_or(1) >= 2,
+        "several polling relays"
+    );
     // The log-tailing relay: one reads, one stands by.
     let cdc = find(&docs, "Deployment", "oncebox-relay-cdc");
-    assert_eq!(cdc["spec"]["replicas"].as_i64(), Some(2), "a reader and a standby");
+    assert_eq!(
+        cdc["spec"]["replicas"].as_i64(),
+        Some(2),
+        "a reader and a standby"
+    );
     for name in ["oncebox-relay", "oncebox-relay-cdc", "oncebox-receive"] {
         let budget = find(&docs, "PodDisruptionBudget", name);
         let labels = &find(&docs, "Deployment", name)["spec"]["template"]["metadata"]["labels"];
@@ -324,7 +360,11 @@ fn the_kubernetes_manifests_fit_the_binary() {
             .as_hash()
             .expect("matchLabels")
         {
-            assert_eq!(&labels[key.as_str().expect("a key")], value, "{name}: the budget selects its pods");
+            assert_eq!(
+                &labels[key.as_str().expect("a key")],
+                value,
+                "{name}: the budget selects its pods"
+            );
         }
         assert!(
             !budget["spec"]["maxUnavailable"].is_badvalue()
@@ -362,11 +402,22 @@ fn the_kubernetes_manifests_fit_the_binary() {
         let listen = listen_port(&config, listen_section);
         assert!(!pod.probes.is_empty(), "{name}: no probe");
         for (probe, _, port) in &pod.probes {
-            assert_eq!(pod.probe_port(port), listen, "{name}: {probe} on {listen_section}.listen's port");
+            assert_eq!(
+                pod.probe_port(port),
+                listen,
+                "{name}: {probe} on {listen_section}.listen's port"
+            );
         }
-        let paths: Vec<&str> = pod.probes.iter().map(|(_, path, _)| path.as_str()).collect();
+        let paths: Vec<&str> = pod
+            .probes
+            .iter()
+            .map(|(_, path, _)| path.as_str())
+            .collect();
         if command != "dashboard" {
-            assert!(paths.contains(&"/healthz") && paths.contains(&"/readyz"), "{name}: {paths:?}");
+            assert!(
+                paths.contains(&"/healthz") && paths.contains(&"/readyz"),
+                "{name}: {paths:?}"
+            );
         }
 
         // A live run: each probe's path answers 200 on the listen port.
@@ -378,7 +429,11 @@ fn the_kubernetes_manifests_fit_the_binary() {
                 .envs(overrides.iter().map(|(key, value)| (*key, value.as_str())))
                 .output()
                 .expect("oncebox runs");
-            assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "migrate: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             migrated = true;
         }
         let port = support::free_port();
@@ -398,7 +453,8 @@ fn the_kubernetes_manifests_fit_the_binary() {
 
     // The dashboard's Service reaches its pods on the dashboard's port.
     let service = find(&docs, "Service", "oncebox-dashboard");
-    let labels = &find(&docs, "Deployment", "oncebox-dashboard")["spec"]["template"]["metadata"]["labels"];
+    let labels =
+        &find(&docs, "Deployment", "oncebox-dashboard")["spec"]["template"]["metadata"]["labels"];
     for (key, value) in service["spec"]["selector"].as_hash().expect("a selector") {
         assert_eq!(&labels[key.as_str().expect("a key")], value);
     }
@@ -417,10 +473,15 @@ fn the_kubernetes_manifests_fit_the_binary() {
 #[test]
 fn the_systemd_units_verify_and_stop_after_the_binary() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = support::write_config(dir.path(), "oncebox.toml", "[store]\nurl = \"sqlite://x.db\"\n[broker]\nurl = \"redis://127.0.0.1:6379\"\n");
+    let config = support::write_config(
+        dir.path(),
+        "oncebox.toml",
+        "[store]\nurl = \"sqlite://x.db\"\n[broker]\nurl = \"redis://127.0.0.1:6379\"\n",
+    );
     let out = support::run(&config, &["config", "check"]);
     assert!(out.status.success());
-    let defaults: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).expect("TOML");
+    let defaults: toml::Table =
+        toml::from_str(&String::from_utf8_lossy(&out.stdout)).expect("TOML");
     for (unit, command, section) in [
         ("oncebox-relay.service", "relay", "relay"),
         ("oncebox-receive.service", "receive", "receive"),
@@ -433,7 +494,9 @@ fn the_systemd_units_verify_and_stop_after_the_binary() {
                 .to_owned()
         };
         assert!(
-            value("ExecStart").ends_with(&format!("oncebox --config /etc/oncebox/oncebox.toml {command}")),
+            value("ExecStart").ends_with(&format!(
+                "oncebox --config /etc/oncebox/oncebox.toml {command}"
+            )),
             "{unit}"
         );
         let stop = humantime::parse_duration(&value("TimeoutStopSec")).expect("a duration");
@@ -449,7 +512,10 @@ fn the_systemd_units_verify_and_stop_after_the_binary() {
         );
         assert!(value("LoadCredential").starts_with("store-password:"));
         for variable in SECRET_VARIABLES {
-            assert!(!text.contains(&format!("{variable}=")), "{unit}: {variable} set in the unit");
+            assert!(
+                !text.contains(&format!("{variable}=")),
+                "{unit}: {variable} set in the unit"
+            );
         }
         let local = dir.path().join(unit);
         std::fs::write(

@@ -504,7 +504,11 @@ poll_max = "200ms"
             .metrics()
             .and_then(|text| sample(&text, "oncebox_ready", r#"service="relay""#))
     };
-    assert_eq!(ready(&relay), Some(0.0), "a scrape sees the relay not ready");
+    assert_eq!(
+        ready(&relay),
+        Some(0.0),
+        "a scrape sees the relay not ready"
+    );
     assert_eq!(
         support::http_get(relay.port, "/healthz").map(|(status, _)| status),
         Some(200),

@@ -57,8 +57,8 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
     match broker {
         #[cfg(feature = "nats")]
         Broker::Nats(transport) => {
-            use oncebox::nats::async_nats::jetstream::context::GetStreamErrorKind;
             use oncebox::nats::async_nats::jetstream::ErrorCode;
+            use oncebox::nats::async_nats::jetstream::context::GetStreamErrorKind;
             let jetstream = oncebox::nats::async_nats::jetstream::new(transport.client().clone());
             if let Some(stream) = &config.broker.stream {
                 let found = tokio::time::timeout(TIMEOUT, jetstream.get_stream(stream)).await;
@@ -73,7 +73,9 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
                     {
                         Check::pass(
                             "stream",
-                            format!("{stream} does not exist yet: relay and receive create it at start"),
+                            format!(
+                                "{stream} does not exist yet: relay and receive create it at start"
+                            ),
                         )
                     }
                     Ok(Err(error)) => Check::fail(
@@ -92,7 +94,8 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
             for destination in named_destinations(config) {
                 let subject = format!("{}{destination}", config.broker.subject_prefix);
                 let found =
-                    tokio::time::timeout(TIMEOUT, jetstream.stream_by_subject(subject.clone())).await;
+                    tokio::time::timeout(TIMEOUT, jetstream.stream_by_subject(subject.clone()))
+                        .await;
                 checks.push(match found {
                     Ok(Ok(stream)) => {
                         Check::pass("stream", format!("stream {stream} captures {subject}"))

@@ -12,7 +12,10 @@ pub(super) async fn checks(config: &Config, database: &Database) -> Vec<Check> {
     let Database::Postgres(store) = database else {
         return vec![Check::fail(
             "log tailing",
-            format!("relay.mode = \"cdc\" needs PostgreSQL, not {}", database.kind()),
+            format!(
+                "relay.mode = \"cdc\" needs PostgreSQL, not {}",
+                database.kind()
+            ),
             "use relay.mode = \"poll\" on this store",
         )];
     };
@@ -42,8 +45,7 @@ pub(super) async fn checks(config: &Config, database: &Database) -> Vec<Check> {
     let used: i32 = row.get("used_slots");
     let keep_size: String = row.get("keep_size");
     let replication: Option<bool> = row.get("replication");
-    let mut checks = Vec::new();
-    checks.push(if wal_level == "logical" {
+    let mut checks = vec![if wal_level == "logical" {
         Check::pass("wal_level", "logical")
     } else {
         Check::fail(
@@ -51,7 +53,7 @@ pub(super) async fn checks(config: &Config, database: &Database) -> Vec<Check> {
             format!("{wal_level}: logical decoding needs logical"),
             "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
         )
-    });
+    }];
 
     let state = sqlx::query(
         "SELECT plugin, active, wal_status, database = current_database() AS here
@@ -93,7 +95,10 @@ pub(super) async fn checks(config: &Config, database: &Database) -> Vec<Check> {
         Check::pass("max_slot_wal_keep_size", keep_size)
     });
     checks.push(if replication == Some(true) {
-        Check::pass("replication role", "the role may open a replication connection")
+        Check::pass(
+            "replication role",
+            "the role may open a replication connection",
+        )
     } else {
         Check::fail(
             "replication role",

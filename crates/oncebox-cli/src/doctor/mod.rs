@@ -59,7 +59,11 @@ impl Check {
         }
     }
 
-    pub(crate) fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn fail(
+        check: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self {
             check,
             ok: false,
@@ -74,16 +78,13 @@ pub(crate) async fn doctor(config: &Config, args: &DoctorArgs) -> anyhow::Result
     let checks = run(config, args.max_clock_difference.get()).await;
     let ok = checks.iter().all(|check| check.ok);
     if args.json {
-        println!(
-            "{}",
-            serde_json::json!({ "ok": ok, "checks": checks })
-        );
+        println!("{}", serde_json::json!({ "ok": ok, "checks": checks }));
     } else {
         for check in &checks {
             let mark = if check.ok { "ok  " } else { "FAIL" };
             println!("{mark} {:<22} {}", check.check, check.detail);
             if let Some(fix) = &check.fix {
-                println!("     {:<22} fix: {fix}", "");
+                println!("{}fix: {fix}", " ".repeat(28));
             }
         }
         let failed = checks.iter().filter(|check| !check.ok).count();
@@ -93,7 +94,11 @@ pub(crate) async fn doctor(config: &Config, args: &DoctorArgs) -> anyhow::Result
             println!("{failed} of {} checks failed", checks.len());
         }
     }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Every check that can run, in order.
@@ -107,10 +112,7 @@ async fn run(config: &Config, max_clock_difference: Duration) -> Vec<Check> {
              accepts this host (connecting was tried for store.connect_timeout)",
         )),
         Ok(database) => {
-            checks.push(Check::pass(
-                "store",
-                format!("{} answers", database.kind()),
-            ));
+            checks.push(Check::pass("store", format!("{} answers", database.kind())));
             checks.extend(store::checks(&database, max_clock_difference).await);
             if config.relay.mode == RelayMode::Cdc {
                 checks.extend(cdc::checks(config, &database).await);

@@ -7,10 +7,7 @@ use super::Check;
 use crate::service::backend::Database;
 
 /// The store's checks after it answered.
-pub(super) async fn checks(
-    database: &Database,
-    max_clock_difference: Duration,
-) -> Vec<Check> {
+pub(super) async fn checks(database: &Database, max_clock_difference: Duration) -> Vec<Check> {
     let mut checks = vec![migrations(database).await];
     if let Some(rights) = rights(database).await {
         checks.push(rights);
@@ -25,11 +22,18 @@ pub(super) async fn checks(
 async fn migrations(database: &Database) -> Check {
     let applied = |versions: Result<Vec<i64>, sqlx::Error>, known: Vec<i64>| match versions {
         Ok(applied) => {
-            let missing: Vec<i64> = known.iter().copied().filter(|v| !applied.contains(v)).collect();
+            let missing: Vec<i64> = known
+                .iter()
+                .copied()
+                .filter(|v| !applied.contains(v))
+                .collect();
             if missing.is_empty() {
                 Check::pass(
                     "migrations",
-                    format!("current: version {}", known.last().copied().unwrap_or_default()),
+                    format!(
+                        "current: version {}",
+                        known.last().copied().unwrap_or_default()
+                    ),
                 )
             } else {
                 Check::fail(
@@ -39,7 +43,11 @@ async fn migrations(database: &Database) -> Check {
                         known.len() - missing.len(),
                         known.len(),
                         if missing.len() == 1 { "" } else { "s" },
-                        missing.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+                        missing
+                            .iter()
+                            .map(i64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                     "run `oncebox migrate` (or apply `oncebox migrate --print` with your own tool)",
                 )
@@ -53,7 +61,10 @@ async fn migrations(database: &Database) -> Check {
     };
     match database {
         Database::Sqlite(store) => {
-            let known = oncebox::sqlite::migrator().iter().map(|m| m.version).collect();
+            let known = oncebox::sqlite::migrator()
+                .iter()
+                .map(|m| m.version)
+                .collect();
             let versions = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT version FROM {} WHERE success ORDER BY version",
                 oncebox::sqlite::MIGRATIONS_TABLE
@@ -80,7 +91,10 @@ async fn migrations(database: &Database) -> Check {
         }
         #[cfg(feature = "mysql")]
         Database::Mysql(store) => {
-            let known = oncebox::mysql::migrator().iter().map(|m| m.version).collect();
+            let known = oncebox::mysql::migrator()
+                .iter()
+                .map(|m| m.version)
+                .collect();
             let versions = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT version FROM {} WHERE success ORDER BY version",
                 oncebox::mysql::MIGRATIONS_TABLE
@@ -131,9 +145,11 @@ async fn rights(database: &Database) -> Option<Check> {
          SEQUENCES IN SCHEMA {schema} TO <role>"
     );
     Some(match (usage, missing) {
-        (Err(error), _) | (_, Err(error)) => {
-            Check::fail("rights", format!("cannot read the role's rights: {error}"), grant)
-        }
+        (Err(error), _) | (_, Err(error)) => Check::fail(
+            "rights",
+            format!("cannot read the role's rights: {error}"),
+            grant,
+        ),
         (Ok(None), _) => Check::fail(
             "rights",
             format!("schema {schema} does not exist"),
@@ -191,8 +207,7 @@ async fn clock(database: &Database, max: Duration) -> Option<Check> {
             let difference = database_time - (sent + received) / 2.0;
             let uncertainty = (received - sent) / 2.0;
             let detail = format!(
-                "the database's clock is {:+.3} s from this host's (± {:.3} s)",
-                difference, uncertainty
+                "the database's clock is {difference:+.3} s from this host's (± {uncertainty:.3} s)"
             );
             if difference.abs() + uncertainty <= max.as_secs_f64() {
                 Check::pass("clock", detail)

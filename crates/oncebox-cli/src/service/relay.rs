@@ -96,10 +96,13 @@ async fn cdc(config: &Config, signals: Signals) -> anyhow::Result<ExitCode> {
     let relay = CdcRelay::new(store, connection, publisher, options).context("[cdc] settings")?;
     let database_check = Arc::clone(&database);
     let broker_check = Arc::clone(&broker);
-    started.serve(Arc::new(move || {
-        let (database, broker) = (Arc::clone(&database_check), Arc::clone(&broker_check));
-        Box::pin(async move { super::reachable(&database, &broker).await })
-    }), "relay");
+    started.serve(
+        Arc::new(move || {
+            let (database, broker) = (Arc::clone(&database_check), Arc::clone(&broker_check));
+            Box::pin(async move { super::reachable(&database, &broker).await })
+        }),
+        "relay",
+    );
     tracing::info!(
         broker = broker.kind(),
         slot = relay.options().slot(),

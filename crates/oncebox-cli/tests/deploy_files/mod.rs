@@ -52,7 +52,10 @@ pub fn expressions() -> Vec<(String, String)> {
     let board: serde_json::Value =
         serde_json::from_str(&read(DASHBOARD)).expect("the dashboard is JSON");
     let mut panels: Vec<&serde_json::Value> = Vec::new();
-    for panel in board["panels"].as_array().expect("the dashboard has panels") {
+    for panel in board["panels"]
+        .as_array()
+        .expect("the dashboard has panels")
+    {
         panels.push(panel);
         if let Some(inner) = panel["panels"].as_array() {
             panels.extend(inner);
@@ -69,7 +72,10 @@ pub fn expressions() -> Vec<(String, String)> {
             // Grafana's `label_values(METRIC, LABEL)` queries METRIC.
             let values = regex::Regex::new(r"label_values\(([^,]+),[^)]*\)").expect("a regex");
             let query = values.replace_all(query, "$1");
-            found.push((format!("{DASHBOARD}: ${}", variable["name"]), query.into_owned()));
+            found.push((
+                format!("{DASHBOARD}: ${}", variable["name"]),
+                query.into_owned(),
+            ));
         }
     }
     found
@@ -77,8 +83,19 @@ pub fn expressions() -> Vec<(String, String)> {
 
 /// PromQL's keywords and special numbers: words that are not metric names.
 const KEYWORDS: &[&str] = &[
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "bool", "offset", "inf", "nan",
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
 ];
 
 /// The metric names an expression queries.
@@ -125,10 +142,9 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
             c => text.push(c),
         }
     }
-    let lists = regex::Regex::new(
-        r"(?i)\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)",
-    )
-    .expect("a regex");
+    let lists =
+        regex::Regex::new(r"(?i)\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+            .expect("a regex");
     let text = lists.replace_all(&text, " ");
     let word = regex::Regex::new(r"[A-Za-z_:$][A-Za-z0-9_:]*").expect("a regex");
     let mut names = BTreeSet::new();
