@@ -18,6 +18,8 @@
 #                                         for `oncebox-bench chaos --failover`
 #                                         (postgres-pair-async: an asynchronous standby;
 #                                         `scripts/pg-pair.sh` says more)
+#   scripts/services.sh postgres-plain   a PostgreSQL server on 127.0.0.1:5436 without log
+#                                         tailing's settings (for `oncebox doctor`'s tests)
 #   scripts/services.sh failover postgres-pair
 #                                         its primary killed, its standby promoted
 #
@@ -612,6 +614,48 @@ ensure_browser() {
   log "$(chromedriver --version | head -n1)"
 }
 
+# postgres-plain: a PostgreSQL server with the settings Debian ships (wal_level =
+# replica, here with max_replication_slots = 0 and max_slot_wal_keep_size unlimited),
+# on 127.0.0.1:5436, in $PLAIN_DIR: what `oncebox doctor`'s tests find wrong for log
+# tailing. Made once, then started again when down.
+PLAIN_DIR=${ONCEBOX_PG_PLAIN_DIR:-/var/lib/oncebox/pg-plain}
+as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+ensure_postgres_plain() {
+  port_open 5436 && return 0
+  command -v pg_ctlcluster >/dev/null || apt_install postgresql
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
+  if [ ! -e "$PLAIN_DIR/data/PG_VERSION" ]; then
+    mkdir -p "$PLAIN_DIR"
+    [ "$(id -u)" = 0 ] && chown postgres "$PLAIN_DIR"
+    as_postgres "$bin/initdb" -D "$PLAIN_DIR/data" -U postgres --auth=trust --no-sync >/dev/null
+    printf '%s\n' "listen_addresses = '127.0.0.1'" "port = 5436" \
+      "unix_socket_directories = '$PLAIN_DIR'" "wal_level = replica" \
+      "max_replication_slots = 0" "max_wal_senders = 0" "fsync = off" \
+      "shared_buffers = '32MB'" "max_connections = 50" \
+      | as_postgres tee -a "$PLAIN_DIR/data/postgresql.conf" >/dev/null
+  fi
+  as_postgres "$bin/pg_ctl" -D "$PLAIN_DIR/data" -l "$PLAIN_DIR/server.log" -w start >/dev/null
+  wait_for 127.0.0.1 5436 "PostgreSQL (plain)"
+}
+
+# ops-tools: what checks the deployment files of deploy/: Debian's Prometheus server and
+# promtool (the rules' unit tests in scripts/test, the live alert test of oncebox-cli)
+# and systemd-analyze (the units). Nothing is started here (the package's own service
+# is stopped where an init system started it): each test starts its own server on a
+# free port with a data directory of its own.
+ensure_ops_tools() {
+  if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+    log "installing prometheus (server and promtool)"
+    apt_install --no-install-recommends prometheus
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+      systemctl stop prometheus || true
+    fi
+  fi
+  command -v systemd-analyze >/dev/null || apt_install --no-install-recommends systemd
+  log "$(prometheus --version 2>&1 | head -n1); $(systemd-analyze --version | head -n1)"
+}
+
 # restart NAME: a restart that keeps the service's data, as `oncebox-bench chaos` injects it.
 # Kafka (tansu) keeps its data in memory here: a restart would lose it.
 restart() {
@@ -684,6 +728,8 @@ for service in "$@"; do
     kafka) ensure_kafka ;;
     sqs) ensure_sqs ;;
     browser) ensure_browser ;;
+    ops-tools) ensure_ops_tools ;;
+    postgres-plain) ensure_postgres_plain ;;
     *) log "unknown service: $service"; exit 2 ;;
   esac
 done

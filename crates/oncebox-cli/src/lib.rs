@@ -6,7 +6,8 @@
 //!   gracefully by SIGTERM or SIGINT.
 //! - `oncebox migrate`, `outbox`, `dead-letters` and `inbox` look after the tables;
 //!   `oncebox dashboard` serves them in a browser (`docs/dashboard.md`).
-//! - `oncebox config check` prints the configuration they run on, secrets hidden.
+//! - `oncebox config check` prints the configuration they run on, secrets hidden;
+//!   `oncebox doctor` checks the setup it describes, end to end.
 //! - `oncebox demo` runs an order → payment system on the embedded default (SQLite and
 //!   the in-process broker) under injected faults and audits every order's charges.
 //!
@@ -36,6 +37,7 @@ mod admin;
 mod config;
 mod dashboard;
 mod demo;
+mod doctor;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -97,6 +99,9 @@ enum Command {
     /// Serve the web dashboard (`[dashboard]`) until stopped: what waits, what failed,
     /// and the repair of dead letters.
     Dashboard,
+    /// Check the setup end to end: the store, its migrations and rights, log tailing's
+    /// settings and slot, the broker and its stream, the clocks, the dashboard's token.
+    Doctor(doctor::DoctorArgs),
     /// Run an order → payment system under injected faults and audit the charges.
     Demo(DemoArgs),
 }
@@ -253,6 +258,7 @@ async fn run(cli: Cli, config: Option<Config>) -> Result<ExitCode, Failure> {
         Command::DeadLetters(command) => admin::dead_letters(&config, command).await?,
         Command::Inbox(command) => admin::inbox(&config, command).await?,
         Command::Dashboard => dashboard::run(&config).await?,
+        Command::Doctor(args) => doctor::doctor(&config, &args).await?,
         Command::Demo(_) => unreachable!("handled above"),
     };
     Ok(code)

@@ -408,7 +408,8 @@ fn distinct(seen: &[Seen]) -> usize {
 
 /// `/metrics` follows a drain (the backlog gauge falls from 20,000 to 0, the published
 /// counter reaches 20,000), and `/readyz` follows the database: 503 with the reason while
-/// PostgreSQL is unreachable (a proxy between them cut), 200 again once it is back.
+/// PostgreSQL is unreachable (a proxy between them cut), 200 again once it is back; the
+/// gauge `oncebox_ready` says the same on each scrape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_a_drain_and_readiness_follows_the_database() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -498,6 +499,16 @@ poll_max = "200ms"
         reason.contains("store"),
         "the reason names the store: {reason}"
     );
+    let ready = |relay: &Service| {
+        relay
+            .metrics()
+            .and_then(|text| sample(&text, "oncebox_ready", r#"service="relay""#))
+    };
+    assert_eq!(
+        ready(&relay),
+        Some(0.0),
+        "a scrape sees the relay not ready"
+    );
     assert_eq!(
         support::http_get(relay.port, "/healthz").map(|(status, _)| status),
         Some(200),
@@ -505,6 +516,7 @@ poll_max = "200ms"
     );
     proxy.restore();
     relay.wait_ready(Duration::from_secs(30));
+    assert_eq!(ready(&relay), Some(1.0), "and ready again");
     relay.stop_cleanly(STOP);
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
     let mut redis = support::redis().await;

@@ -1,6 +1,8 @@
 //! The service's HTTP endpoint: `/metrics` (Prometheus text format), `/healthz` (the
 //! process answers) and `/readyz` (store and broker reachable, the loop making
-//! progress; 503 with the reason otherwise).
+//! progress; 503 with the reason otherwise). Each scrape of `/metrics` and each
+//! `/readyz` also sets the gauge `oncebox_ready{service}` (1 ready, 0 not), so that
+//! Prometheus sees readiness where no orchestrator probes it.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,6 +56,21 @@ pub(crate) type ReadinessCheck = Arc<dyn Fn() -> Readiness + Send + Sync>;
 struct Endpoint {
     metrics: PrometheusHandle,
     ready: ReadinessCheck,
+    /// `relay` or `receive`: the `service` label of `oncebox_ready`.
+    service: &'static str,
+}
+
+impl Endpoint {
+    /// Runs the readiness check and records its answer in `oncebox_ready`.
+    async fn check(&self) -> Result<(), String> {
+        let answer = (self.ready)().await;
+        metrics::gauge!("oncebox_ready", "service" => self.service).set(if answer.is_ok() {
+            1.0
+        } else {
+            0.0
+        });
+        answer
+    }
 }
 
 /// Binds `address` now (so an unusable address is a configuration error at start).
@@ -66,13 +83,23 @@ pub(crate) async fn bind(address: SocketAddr) -> Result<TcpListener, ConfigError
     })
 }
 
-/// Serves the endpoint on `listener` until the process ends.
-pub(crate) fn serve(listener: TcpListener, metrics: PrometheusHandle, ready: ReadinessCheck) {
+/// Serves the endpoint of `service` (`relay`, `receive`) on `listener` until the
+/// process ends.
+pub(crate) fn serve(
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    ready: ReadinessCheck,
+    service: &'static str,
+) {
     let app = Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(Endpoint { metrics, ready });
+        .with_state(Endpoint {
+            metrics,
+            ready,
+            service,
+        });
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, "serving /metrics, /healthz and /readyz");
     }
@@ -84,6 +111,8 @@ pub(crate) fn serve(listener: TcpListener, metrics: PrometheusHandle, ready: Rea
 }
 
 async fn render_metrics(State(endpoint): State<Endpoint>) -> Response {
+    // The reason is /readyz's to give; the scrape carries the answer.
+    let _ = endpoint.check().await;
     (
         [(
             header::CONTENT_TYPE,
@@ -95,7 +124,7 @@ async fn render_metrics(State(endpoint): State<Endpoint>) -> Response {
 }
 
 async fn readyz(State(endpoint): State<Endpoint>) -> Response {
-    match (endpoint.ready)().await {
+    match endpoint.check().await {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,

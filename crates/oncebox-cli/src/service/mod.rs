@@ -60,11 +60,11 @@ impl Started {
         })
     }
 
-    /// Serves the HTTP endpoint, if one is configured, with `ready` behind `/readyz`,
-    /// and the dashboard, if one is.
-    fn serve(&mut self, ready: http::ReadinessCheck) {
+    /// Serves the HTTP endpoint of `service` (`relay`, `receive`), if one is configured,
+    /// with `ready` behind `/readyz` and `oncebox_ready`, and the dashboard, if one is.
+    fn serve(&mut self, ready: http::ReadinessCheck, service: &'static str) {
         if let Some(listener) = self.listener.take() {
-            http::serve(listener, self.metrics.clone(), ready);
+            http::serve(listener, self.metrics.clone(), ready, service);
         }
         if let Some(dashboard) = self.dashboard.take() {
             dashboard.spawn();

@@ -62,7 +62,7 @@ pub(crate) async fn receive(config: &Config, args: &ReceiveArgs) -> anyhow::Resu
         .await
         .with_context(|| format!("cannot subscribe to {topic} as {consumer}"))?;
     let health = Arc::new(OnceLock::new());
-    started.serve(readiness(&database, &broker, &health));
+    started.serve(readiness(&database, &broker, &health), "receive");
     tracing::info!(
         store = database.kind(),
         broker = broker.kind(),

@@ -39,7 +39,7 @@ pub(crate) async fn relay(config: &Config) -> anyhow::Result<ExitCode> {
         .collect::<Result<Vec<_>>>()
         .context("relay settings")?;
 
-    started.serve(readiness(config, &database, &broker, &relays));
+    started.serve(readiness(config, &database, &broker, &relays), "relay");
     tracing::info!(
         store = database.kind(),
         broker = broker.kind(),
@@ -96,10 +96,13 @@ async fn cdc(config: &Config, signals: Signals) -> anyhow::Result<ExitCode> {
     let relay = CdcRelay::new(store, connection, publisher, options).context("[cdc] settings")?;
     let database_check = Arc::clone(&database);
     let broker_check = Arc::clone(&broker);
-    started.serve(Arc::new(move || {
-        let (database, broker) = (Arc::clone(&database_check), Arc::clone(&broker_check));
-        Box::pin(async move { super::reachable(&database, &broker).await })
-    }));
+    started.serve(
+        Arc::new(move || {
+            let (database, broker) = (Arc::clone(&database_check), Arc::clone(&broker_check));
+            Box::pin(async move { super::reachable(&database, &broker).await })
+        }),
+        "relay",
+    );
     tracing::info!(
         broker = broker.kind(),
         slot = relay.options().slot(),

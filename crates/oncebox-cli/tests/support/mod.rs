@@ -114,7 +114,12 @@ impl Service {
     /// Starts `oncebox --config CONFIG --listen 127.0.0.1:PORT ARGS`, its stderr to
     /// `dir/NAME.log`.
     pub fn start(dir: &Path, name: &str, config: &Path, args: &[&str]) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), dir, name, config, args)
+    }
+
+    /// [`Service::start`] on a given port (a service started again where a scraper
+    /// looks for it).
+    pub fn start_on(port: u16, dir: &Path, name: &str, config: &Path, args: &[&str]) -> Self {
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("the log file");
         let child = oncebox()

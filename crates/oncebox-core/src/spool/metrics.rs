@@ -31,6 +31,9 @@ pub(crate) struct SpoolMetrics {
 impl SpoolMetrics {
     pub(crate) fn new(spool: &str) -> Self {
         let rows = |outcome: &'static str| metrics::counter!("oncebox_spool_rows_total", "spool" => spool.to_owned(), "outcome" => outcome);
+        // Counted where a lease is lost (lease.rs), for all spools together; registered
+        // here so that it is exported, at 0, before the first loss.
+        let _ = metrics::counter!("oncebox_spool_leases_lost_total");
         Self {
             done: rows("done"),
             retried: rows("retried"),
