@@ -48,17 +48,10 @@ pub(crate) enum BrokerKind {
     RabbitMq,
     Kafka,
     RedisStreams,
-    Sqs,
 }
 
 impl BrokerKind {
-    pub(crate) const ALL: [Self; 5] = [
-        Self::Nats,
-        Self::RabbitMq,
-        Self::Kafka,
-        Self::RedisStreams,
-        Self::Sqs,
-    ];
+    pub(crate) const ALL: [Self; 4] = [Self::Nats, Self::RabbitMq, Self::Kafka, Self::RedisStreams];
 
     pub(crate) const fn name(self) -> &'static str {
         match self {
@@ -66,7 +59,6 @@ impl BrokerKind {
             Self::RabbitMq => "rabbitmq",
             Self::Kafka => "kafka",
             Self::RedisStreams => "redis-streams",
-            Self::Sqs => "sqs",
         }
     }
 
@@ -76,7 +68,6 @@ impl BrokerKind {
             Self::Nats => Some("nats"),
             Self::RabbitMq => Some("rabbitmq"),
             Self::Kafka => Some("kafka"),
-            Self::Sqs => Some("sqs"),
             Self::RedisStreams => None,
         }
     }
@@ -86,7 +77,6 @@ impl BrokerKind {
             Self::Nats => cfg!(feature = "nats"),
             Self::RabbitMq => cfg!(feature = "rabbitmq"),
             Self::Kafka => cfg!(feature = "kafka"),
-            Self::Sqs => cfg!(feature = "sqs"),
             Self::RedisStreams => true,
         }
     }
@@ -100,12 +90,11 @@ impl BrokerKind {
             "amqp" | "amqps" => Self::RabbitMq,
             "kafka" => Self::Kafka,
             "redis" | "rediss" => Self::RedisStreams,
-            "sqs" => Self::Sqs,
             _ => {
                 return Err(ConfigError::key(
                     "broker.url",
                     format!(
-                        "unknown broker {:?}: the URL starts with nats://, amqp://, kafka://, redis:// or sqs://",
+                        "unknown broker {:?}: the URL starts with nats://, amqp://, kafka:// or redis://",
                         redact(url)
                     ),
                 ));
