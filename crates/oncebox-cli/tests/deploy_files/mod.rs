@@ -67,10 +67,10 @@ pub fn expressions() -> Vec<(String, String)> {
             found.push((format!("{DASHBOARD}: {}", panel["title"]), expr.to_owned()));
         }
     }
+    // Grafana's `label_values(METRIC, LABEL)` queries METRIC.
+    let values = regex::Regex::new(r"label_values\(([^,]+),[^)]*\)").expect("a regex");
     for variable in board["templating"]["list"].as_array().into_iter().flatten() {
         if let Some(query) = variable["query"]["query"].as_str() {
-            // Grafana's `label_values(METRIC, LABEL)` queries METRIC.
-            let values = regex::Regex::new(r"label_values\(([^,]+),[^)]*\)").expect("a regex");
             let query = values.replace_all(query, "$1");
             found.push((
                 format!("{DASHBOARD}: ${}", variable["name"]),
