@@ -258,10 +258,8 @@ impl Relays {
     /// SIGTERM to every relay, SIGKILL to those still running after 10 s.
     fn stop(&mut self) {
         for child in &self.0 {
-            let _ = Command::new("kill")
-                .arg(child.id().to_string())
-                .stderr(Stdio::null())
-                .status();
+            // One that exited already is waited for below.
+            let _ = crate::chaos::fleet::signal(child, "TERM");
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         for child in &mut self.0 {

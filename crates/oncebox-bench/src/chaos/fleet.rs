@@ -408,7 +408,7 @@ pub(crate) fn name(role: Role) -> &'static str {
 /// Sends `SIG<signal>` to `child` with kill(1), which needs no unsafe code here. A
 /// process that exited meanwhile makes kill(1) fail: not an error, [`Fleet::tick`]
 /// starts it again.
-fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
+pub(crate) fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
     Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(child.id().to_string())

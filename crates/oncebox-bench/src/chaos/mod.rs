@@ -41,7 +41,7 @@ mod cdc;
 mod cluster;
 mod config;
 mod failover;
-mod fleet;
+pub(crate) mod fleet;
 mod payments;
 mod plan;
 mod report;
