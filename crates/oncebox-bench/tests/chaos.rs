@@ -559,7 +559,7 @@ fn a_short_soak_samples_every_process_and_finds_them_flat() {
     );
     for process in processes {
         let samples = process["samples"].as_array().expect("samples");
-        // A sample at 0 s and every 4 s through 60 s of orders and the drain.
+        // A sample every 4 s from 4 s on, through 60 s of orders and the drain.
         assert!(samples.len() >= 15, "{process}");
         for sample in samples {
             let field = |name: &str| sample[name].as_u64().expect("a count");

@@ -147,14 +147,17 @@ pub(crate) struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler whose first sample is due now.
+    /// A sampler whose first sample is due one `every` from now. Not at once: the
+    /// fleet's processes were spawned a moment ago, and a process caught between its
+    /// fork and its exec is not yet the program (its resident memory reads a few KiB
+    /// and its descriptors are its parent's).
     pub(crate) fn new(every: Duration, pool_size: u64) -> Self {
         let now = Instant::now();
         Self {
             every,
             pool_size,
             started: now,
-            next: now,
+            next: now + every,
             processes: Vec::new(),
         }
     }
