@@ -11,6 +11,12 @@ producer would. Driven by the Rust tests (crates/oncebox-*/tests/interop.rs).
     peer.py redis-read URL STREAM COUNT      (redis-py) the entries' fields, one JSON line
                                              each (no CloudEvents binding for Redis exists)
     peer.py redis-write URL STREAM           (redis-py) the foreign producer's cases
+    peer.py sqs-read ENDPOINT QUEUE_URL COUNT
+                                             (boto3) one JSON line per event read with the
+                                             SDK's Kafka binding (SQS has none; oncebox
+                                             writes Kafka's ce_ names as attributes)
+    peer.py sqs-write ENDPOINT QUEUE_URL     (boto3) the foreign producer's cases, in one
+                                             FIFO group
 """
 
 import asyncio
@@ -301,6 +307,111 @@ def redis_write(url, stream):
     client.close()
 
 
+def sqs_client(endpoint):
+    import boto3
+
+    # Local servers take any credentials; the region only shapes URLs.
+    return boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="interop",
+        aws_secret_access_key="interop",
+    )
+
+
+def sqs_attribute(value):
+    if value["DataType"].startswith("Binary"):
+        return value["BinaryValue"]
+    return value["StringValue"]
+
+
+def sqs_read(endpoint, queue_url, count):
+    import time
+
+    from cloudevents.core.bindings import kafka as ce_kafka
+
+    client = sqs_client(endpoint)
+    deadline = time.monotonic() + 30
+    read = 0
+    while read < count:
+        if time.monotonic() > deadline:
+            sys.exit(f"no message in {queue_url} within 30 s")
+        answer = client.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        )
+        for message in answer.get("Messages", []):
+            attributes = {
+                name: sqs_attribute(value)
+                for name, value in message.get("MessageAttributes", {}).items()
+            }
+            headers = {
+                name: value if isinstance(value, bytes) else value.encode()
+                for name, value in attributes.items()
+            }
+            event = ce_kafka.from_binary(
+                ce_kafka.KafkaMessage(headers=headers, key=None, value=message["Body"].encode()),
+                JSONFormat(),
+            )
+            print(
+                event_json(
+                    event,
+                    attributes,
+                    body=message["Body"],
+                    group=message.get("Attributes", {}).get("MessageGroupId"),
+                    dedup=message.get("Attributes", {}).get("MessageDeduplicationId"),
+                ),
+                flush=True,
+            )
+            client.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+            read += 1
+
+
+def sqs_write(endpoint, queue_url):
+    def text(value):
+        return {"DataType": "String", "StringValue": value}
+
+    base = {
+        "ce_specversion": text("1.0"),
+        "ce_source": text("/python"),
+        "ce_type": text("order.placed"),
+    }
+    sdk_like = {
+        **base,
+        "ce_subject": text("order-42"),
+        "ce_time": text("2026-11-21T13:05:09.123Z"),
+        "content-type": text("text/plain"),
+    }
+    cases = [
+        ("uuid", {**sdk_like, "ce_id": text("0190b7a4-7f3e-7c4a-9a51-2c1d3e4f5a6b")}),
+        ("order-42-v1", {**sdk_like, "ce_id": text("order-42-v1")}),
+        ("duplicate", {**sdk_like, "ce_id": text("order-42-v1")}),
+        ("missing", dict(base)),
+        ("empty", {**base, "ce_id": {"DataType": "String", "StringValue": ""}}),
+        # A Binary attribute that is not UTF-8.
+        (
+            "not-utf8",
+            {**base, "ce_id": text("latin-1"), "x-note": {"DataType": "Binary", "BinaryValue": b"caf\xe9"}},
+        ),
+    ]
+    client = sqs_client(endpoint)
+    for n, (payload, attributes) in enumerate(cases):
+        try:
+            client.send_message(
+                QueueUrl=queue_url,
+                MessageBody=payload,
+                MessageAttributes=attributes,
+                MessageGroupId="order-42",
+                MessageDeduplicationId=f"python-{n}",
+            )
+        except client.exceptions.ClientError as error:
+            sys.exit(f"sqs: {payload}: {error}")
+
+
 def main():
     command, url, subject, *rest = sys.argv[1:]
     if command == "nats-read":
@@ -319,6 +430,10 @@ def main():
         redis_read(url, subject, int(rest[0]))
     elif command == "redis-write":
         redis_write(url, subject)
+    elif command == "sqs-read":
+        sqs_read(url, subject, int(rest[0]))
+    elif command == "sqs-write":
+        sqs_write(url, subject)
     else:
         sys.exit(f"unknown command {command}")
 

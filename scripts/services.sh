@@ -448,6 +448,39 @@ ensure_kafka() {
   wait_for 127.0.0.1 9092 "Kafka (tansu)"
 }
 
+# sqs: an SQS-compatible server for oncebox-sqs's tests, fauxqs (npm, pinned), installed
+# once into $TOOLS/fauxqs (a project-owned node_modules, not a global install) and run
+# on 127.0.0.1:4566 with its log in $TOOLS/fauxqs/fauxqs.log. It keeps its queues in
+# memory only: a restart loses them, so `restart sqs` is refused like Kafka's. fauxqs 2.x
+# needs Node >= 22.5 (node:sqlite); 1.9.2 runs on Debian's Node 20. What it implements of
+# SQS, and what it does not, is in crates/oncebox-sqs's docs (section "Local servers").
+FAUXQS_VERSION=1.9.2
+SQS_PORT=${ONCEBOX_SQS_PORT:-4566}
+
+sqs_answers() { curl -fsS --max-time 2 "http://127.0.0.1:$SQS_PORT/health" >/dev/null 2>&1; }
+
+ensure_sqs() {
+  sqs_answers && return 0
+  local dir=$TOOLS/fauxqs
+  command -v npm >/dev/null || apt_install npm
+  if [ "$(node -p "require('$dir/node_modules/fauxqs/package.json').version" 2>/dev/null)" != "$FAUXQS_VERSION" ]; then
+    log "installing fauxqs $FAUXQS_VERSION into $dir"
+    mkdir -p "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent "fauxqs@$FAUXQS_VERSION" >&2
+  fi
+  FAUXQS_PORT=$SQS_PORT FAUXQS_LOGGER=false setsid nohup node "$dir/node_modules/fauxqs/dist/cli.js" \
+    >"$dir/fauxqs.log" 2>&1 </dev/null &
+  for _ in $(seq 1 120); do
+    if sqs_answers; then
+      log "SQS (fauxqs $FAUXQS_VERSION) is up on 127.0.0.1:$SQS_PORT"
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "SQS (fauxqs) did not come up on 127.0.0.1:$SQS_PORT: see $dir/fauxqs.log"
+  return 1
+}
+
 # redis-cluster: Redis Cluster, three masters with a replica each, on 127.0.0.1:7001-7006
 # (the machine's own Redis on 6379 is left alone), one directory per node under
 # REDIS_CLUSTER_DIR with its nodes file and log. No persistence (`appendonly no`, no
@@ -693,6 +726,7 @@ for service in "$@"; do
     nats) ensure_nats ;;
     nats-cluster) ensure_nats_cluster ;;
     kafka) ensure_kafka ;;
+    sqs) ensure_sqs ;;
     browser) ensure_browser ;;
     ops-tools) ensure_ops_tools ;;
     postgres-plain) ensure_postgres_plain ;;

@@ -132,7 +132,7 @@
 //! | [`trace`], [`TRACEPARENT`] | the spans of the outbox hop |
 //! | [`wire`] | the CloudEvents wire format every broker transport shares |
 //! | [`time`], [`Schedule`] | timestamp conversions, and when a message becomes due |
-//! | `sqlite`, `postgres`, `mysql`, `redis`, `nats`, `rabbitmq`, `kafka`, `http` | the backends, each behind its feature (below) |
+//! | `sqlite`, `postgres`, `mysql`, `redis`, `nats`, `rabbitmq`, `kafka`, `sqs`, `http` | the backends, each behind its feature (below) |
 //!
 //! # Crates and features
 //!
@@ -146,6 +146,7 @@
 //! | `nats` | `oncebox-nats` | the NATS JetStream transport |
 //! | `rabbitmq` | `oncebox-rabbitmq` | the RabbitMQ transport |
 //! | `kafka` | `oncebox-kafka` | the Kafka transport (builds the bundled librdkafka) |
+//! | `sqs` | `oncebox-sqs` | the Amazon SQS transport (the AWS SDK, on rustls with ring: no C toolchain) |
 //! | `http` | `oncebox-http` | the Idempotency-Key tower layer over any dedup store |
 //! | `otel` | `oncebox-core/otel` | OpenTelemetry trace context from the enqueue to the handler ([`guide::tracing`]) |
 //! | `full` | all of the above | |
@@ -196,6 +197,10 @@ pub use oncebox_nats as nats;
 /// The RabbitMQ transport (feature `rabbitmq`).
 #[cfg(feature = "rabbitmq")]
 pub use oncebox_rabbitmq as rabbitmq;
+
+/// The Amazon SQS transport (feature `sqs`).
+#[cfg(feature = "sqs")]
+pub use oncebox_sqs as sqs;
 
 /// The Kafka transport (feature `kafka`).
 #[cfg(feature = "kafka")]

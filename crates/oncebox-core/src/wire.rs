@@ -22,6 +22,7 @@
 //! | NATS | `ce-` | `ce-id` | [`WireFormat::nats`] |
 //! | AMQP (RabbitMQ) | `cloudEvents_` (`cloudEvents:` and the RabbitMQ binding's `ce-` read too) | `cloudEvents_id` | [`WireFormat::amqp`] |
 //! | Redis Streams | `ce_` (fields of the entry) | `ce_id` | [`WireFormat::redis`] |
+//! | Amazon SQS | `ce_` (message attributes; `ce-` read too) | `ce_id` | [`WireFormat::sqs`] |
 //!
 //! The content type travels in each binding's own form: Kafka's and Redis's
 //! `content-type` header (the message header, unchanged), NATS's `ce-datacontenttype`
@@ -110,6 +111,12 @@ impl WireFormat {
     /// Redis Streams (no official binding; Kafka's naming): entry fields `ce_id`, ...
     pub const fn redis() -> Self {
         Self::with_prefix("ce_", &[])
+    }
+
+    /// Amazon SQS (no official binding; Kafka's naming, which SQS's attribute names
+    /// allow): message attributes `ce_id`, ...; `ce-id` is read too.
+    pub const fn sqs() -> Self {
+        Self::with_prefix("ce_", &["ce-"])
     }
 
     const fn with_prefix(prefix: &'static str, also_read: &'static [&'static str]) -> Self {

@@ -48,10 +48,17 @@ pub(crate) enum BrokerKind {
     RabbitMq,
     Kafka,
     RedisStreams,
+    Sqs,
 }
 
 impl BrokerKind {
-    pub(crate) const ALL: [Self; 4] = [Self::Nats, Self::RabbitMq, Self::Kafka, Self::RedisStreams];
+    pub(crate) const ALL: [Self; 5] = [
+        Self::Nats,
+        Self::RabbitMq,
+        Self::Kafka,
+        Self::RedisStreams,
+        Self::Sqs,
+    ];
 
     pub(crate) const fn name(self) -> &'static str {
         match self {
@@ -59,6 +66,7 @@ impl BrokerKind {
             Self::RabbitMq => "rabbitmq",
             Self::Kafka => "kafka",
             Self::RedisStreams => "redis-streams",
+            Self::Sqs => "sqs",
         }
     }
 
@@ -68,6 +76,7 @@ impl BrokerKind {
             Self::Nats => Some("nats"),
             Self::RabbitMq => Some("rabbitmq"),
             Self::Kafka => Some("kafka"),
+            Self::Sqs => Some("sqs"),
             Self::RedisStreams => None,
         }
     }
@@ -77,6 +86,7 @@ impl BrokerKind {
             Self::Nats => cfg!(feature = "nats"),
             Self::RabbitMq => cfg!(feature = "rabbitmq"),
             Self::Kafka => cfg!(feature = "kafka"),
+            Self::Sqs => cfg!(feature = "sqs"),
             Self::RedisStreams => true,
         }
     }
@@ -90,11 +100,12 @@ impl BrokerKind {
             "amqp" | "amqps" => Self::RabbitMq,
             "kafka" => Self::Kafka,
             "redis" | "rediss" => Self::RedisStreams,
+            "sqs" => Self::Sqs,
             _ => {
                 return Err(ConfigError::key(
                     "broker.url",
                     format!(
-                        "unknown broker {:?}: the URL starts with nats://, amqp://, kafka:// or redis://",
+                        "unknown broker {:?}: the URL starts with nats://, amqp://, kafka://, redis:// or sqs://",
                         redact(url)
                     ),
                 ));

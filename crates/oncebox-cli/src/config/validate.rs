@@ -93,6 +93,19 @@ impl Config {
             if kind == BrokerKind::RabbitMq {
                 super::rabbitmq_nodes(url)?;
             }
+            if kind == BrokerKind::Sqs {
+                super::sqs_url(url)?;
+                for (topic, queue) in &self.topics {
+                    super::sqs::check_queue(queue)
+                        .map_err(|problem| ConfigError::key(&format!("topics.{topic}"), problem))?;
+                }
+                if self.broker.password.is_some() {
+                    return Err(ConfigError::key(
+                        "broker.password",
+                        "not used by SQS: credentials come from the AWS chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role)",
+                    ));
+                }
+            }
             if self.broker.cluster && kind != BrokerKind::RedisStreams {
                 return Err(ConfigError::key(
                     "broker.cluster",

@@ -62,6 +62,12 @@ pub fn oncebox() -> Command {
         }
     }
     command.env("RUST_LOG", "info,oncebox=info");
+    // SQS credentials come from the AWS chain; the local SQS server takes any.
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        command
+            .env("AWS_ACCESS_KEY_ID", "oncebox-tests")
+            .env("AWS_SECRET_ACCESS_KEY", "oncebox-tests");
+    }
     command
 }
 

@@ -20,6 +20,8 @@ macro_rules! each_broker {
             Self::RabbitMq($value) => $body,
             #[cfg(feature = "kafka")]
             Self::Kafka($value) => $body,
+            #[cfg(feature = "sqs")]
+            Self::Sqs($value) => $body,
             Self::RedisStreams($value) => $body,
         }
     };
@@ -39,6 +41,9 @@ pub enum Broker {
     Kafka(oncebox::kafka::KafkaOptions),
     /// Redis Streams.
     RedisStreams(oncebox::redis::RedisStreams),
+    /// Amazon SQS.
+    #[cfg(feature = "sqs")]
+    Sqs(oncebox::sqs::SqsTransport),
 }
 
 impl Broker {
@@ -160,6 +165,24 @@ impl Broker {
                     .map_err(|error| unreachable(&error))?;
                 Ok(Self::Kafka(options))
             }
+            #[cfg(feature = "sqs")]
+            BrokerKind::Sqs => {
+                let transport = oncebox::sqs::SqsTransport::connect(sqs_options(url, config)?)
+                    .await
+                    .map_err(|error| ConfigError::key("broker", error))?;
+                // Nothing is sent until the first request: ask for one queue name to
+                // find out whether SQS answers and takes the credentials.
+                let listed = transport.client().list_queues().max_results(1).send();
+                tokio::time::timeout(timeout, listed)
+                    .await
+                    .map_err(|_| unreachable(&format!("no answer within {timeout:?}")))?
+                    .map_err(|error| {
+                        unreachable(&oncebox::sqs::aws_sdk_sqs::error::DisplayErrorContext(
+                            &error,
+                        ))
+                    })?;
+                Ok(Self::Sqs(transport))
+            }
             BrokerKind::RedisStreams => {
                 use oncebox::redis::RedisStreams;
                 let password = config.broker.password.as_ref();
@@ -200,6 +223,8 @@ impl Broker {
             Self::RabbitMq(_) => BrokerKind::RabbitMq.name(),
             #[cfg(feature = "kafka")]
             Self::Kafka(_) => BrokerKind::Kafka.name(),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(_) => BrokerKind::Sqs.name(),
             Self::RedisStreams(_) => BrokerKind::RedisStreams.name(),
         }
     }
@@ -245,6 +270,8 @@ impl Broker {
             Self::Kafka(options) => {
                 AnyPublisher::Kafka(oncebox::kafka::KafkaPublisher::connect(options.clone()).await?)
             }
+            #[cfg(feature = "sqs")]
+            Self::Sqs(transport) => AnyPublisher::Sqs(transport.publisher()),
             Self::RedisStreams(streams) => AnyPublisher::RedisStreams(streams.publisher()),
         })
     }
@@ -268,6 +295,11 @@ impl Broker {
             Self::Kafka(options) => AnySubscriber::Kafka(Box::new(
                 oncebox::kafka::KafkaSubscriber::subscribe(options.clone(), topic, group).await?,
             )),
+            // SQS has no groups: every subscriber of a queue competes for its messages.
+            #[cfg(feature = "sqs")]
+            Self::Sqs(transport) => {
+                AnySubscriber::Sqs(Box::new(transport.subscriber(topic).await?))
+            }
             Self::RedisStreams(streams) => {
                 AnySubscriber::RedisStreams(Box::new(streams.subscribe(topic, group).await?))
             }
@@ -283,6 +315,8 @@ pub(crate) enum AnyPublisher {
     RabbitMq(oncebox::rabbitmq::RabbitPublisher),
     #[cfg(feature = "kafka")]
     Kafka(oncebox::kafka::KafkaPublisher),
+    #[cfg(feature = "sqs")]
+    Sqs(oncebox::sqs::SqsPublisher),
     RedisStreams(oncebox::redis::RedisStreamPublisher),
 }
 
@@ -310,6 +344,9 @@ pub enum AnySubscriber {
     Kafka(Box<oncebox::kafka::KafkaSubscriber>),
     /// Redis Streams'.
     RedisStreams(Box<oncebox::redis::RedisStreamSubscriber>),
+    /// Amazon SQS's.
+    #[cfg(feature = "sqs")]
+    Sqs(Box<oncebox::sqs::SqsSubscriber>),
 }
 
 impl Subscriber for AnySubscriber {
@@ -323,6 +360,8 @@ impl Subscriber for AnySubscriber {
             Self::RabbitMq(subscriber) => AnyDelivery::RabbitMq(subscriber.next().await?),
             #[cfg(feature = "kafka")]
             Self::Kafka(subscriber) => AnyDelivery::Kafka(subscriber.next().await?),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(subscriber) => AnyDelivery::Sqs(subscriber.next().await?),
             Self::RedisStreams(subscriber) => AnyDelivery::RedisStreams(subscriber.next().await?),
         })
     }
@@ -342,6 +381,9 @@ pub enum AnyDelivery {
     Kafka(oncebox::kafka::KafkaDelivery),
     /// From Redis Streams.
     RedisStreams(oncebox::redis::RedisStreamDelivery),
+    /// From Amazon SQS.
+    #[cfg(feature = "sqs")]
+    Sqs(oncebox::sqs::SqsDelivery),
 }
 
 impl Delivery for AnyDelivery {
@@ -364,4 +406,38 @@ impl Delivery for AnyDelivery {
     fn messaging_system(&self) -> &'static str {
         each_broker!(self, delivery => delivery.messaging_system())
     }
+}
+
+/// The SQS options of an `sqs://` `broker.url`: region, endpoint, one queue or a queue
+/// per topic, and `[topics]` (topic → queue name or URL) for the relay and the receiver
+/// alike.
+#[cfg(feature = "sqs")]
+fn sqs_options(
+    url: &str,
+    config: &Config,
+) -> std::result::Result<oncebox::sqs::SqsOptions, ConfigError> {
+    let parsed = crate::config::sqs_url(url)?;
+    let mut options = oncebox::sqs::SqsOptions::new()
+        .fifo(parsed.fifo)
+        .source(config.source());
+    if let Some(region) = parsed.region {
+        options = options.region(region);
+    }
+    if let Some(endpoint) = parsed.endpoint {
+        options = options.endpoint(endpoint);
+    }
+    if let Some(queue) = parsed.queue {
+        options = options.default_queue(queue);
+    }
+    // The relay renames a topic to its [topics] destination before publishing; the
+    // receiver subscribes to receive.topic as written: both find the queue.
+    for (topic, queue) in &config.topics {
+        options = options
+            .queue(topic.clone(), queue.clone())
+            .queue(queue.clone(), queue.clone());
+    }
+    options
+        .validate()
+        .map_err(|error| ConfigError::key("topics", error))?;
+    Ok(options)
 }
