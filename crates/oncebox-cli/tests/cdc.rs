@@ -62,32 +62,11 @@ fn kafka_brokers() -> String {
     std::env::var("ONCEBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
 }
 
-/// Drops the test's slot (ending whatever still reads it) and schema, also when the test
-/// fails: a slot left behind keeps WAL for good.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let name = &self.0;
-        let _ = std::process::Command::new("psql")
-            .arg(support::pg_url())
-            .args(["-X", "-q", "-c"])
-            .arg(format!(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}' AND active; SELECT pg_sleep(0.5); \
-                 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}'; DROP PUBLICATION IF EXISTS \"{name}\"; \
-                 DROP SCHEMA IF EXISTS {name} CASCADE"
-            ))
-            .output();
-    }
-}
-
 async fn survive_kills(broker: Broker, source: Source) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("cdc");
     let slot = schema.clone();
-    let _cleanup = Cleanup(schema.clone());
+    let _cleanup = support::LogTailingCleanup::new(&schema);
     let (broker_toml, topic) = match broker {
         Broker::Nats => (
             format!(

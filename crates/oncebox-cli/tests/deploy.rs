@@ -35,35 +35,6 @@ fn metric_names_are_read_out_of_promql() {
     assert_eq!(names(r#"up{job="x"} == bool 0"#), ["up"]);
 }
 
-/// Drops the test's slot (ending whatever still reads it) and schema, also when the
-/// test fails: a slot left behind keeps WAL for good.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let name = &self.0;
-        let _ = std::process::Command::new("psql")
-            .arg(support::pg_url())
-            .args(["-X", "-q", "-c"])
-            .arg(format!(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}' AND active; SELECT pg_sleep(0.5); \
-                 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}'; DROP PUBLICATION IF EXISTS \"{name}\"; \
-                 DROP SCHEMA IF EXISTS {name} CASCADE"
-            ))
-            .output();
-        let _ = std::process::Command::new("redis-cli")
-            .args([
-                "-u",
-                &support::redis_url(),
-                "DEL",
-                &format!("{name}:orders"),
-            ])
-            .output();
-    }
-}
-
 /// A polling relay, a log-tailing relay and a receiver run on PostgreSQL and Redis
 /// Streams; what their `/metrics` declare covers every metric the shipped rules and
 /// dashboard query (a histogram's `_bucket`, `_sum` and `_count` belong to it), but for
@@ -73,7 +44,8 @@ impl Drop for Cleanup {
 fn every_metric_the_rules_and_the_dashboard_query_is_exported() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("deploy");
-    let _cleanup = Cleanup(schema.clone());
+    let _cleanup =
+        support::LogTailingCleanup::new(&schema).with_redis_key(format!("{schema}:orders"));
     let config = write_config(
         dir.path(),
         "oncebox.toml",

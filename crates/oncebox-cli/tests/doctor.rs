@@ -308,3 +308,164 @@ fn a_subject_no_stream_captures_fails() {
     );
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
+
+/// The names of a report's checks, in order.
+fn names(report: &Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|check| check["check"].as_str().expect("a name"))
+        .collect()
+}
+
+/// SQLite has no roles and runs on this host: the store, its migrations and the broker
+/// are what is checked, and a database migrated behind fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_setup_is_checked_without_rights_or_clock() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("doctor_sqlite");
+    let url = format!("sqlite://{}", dir.path().join("oncebox.db").display());
+    let sqlite = config(dir.path(), "sqlite.toml", &url, &schema, "");
+    run_ok(&sqlite, &["migrate"]);
+    let (out, report) = doctor(&sqlite, &[], &[]);
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(names(&report), ["store", "migrations", "broker"]);
+
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("the database");
+    sqlx::query(
+        "DELETE FROM _oncebox_migrations WHERE version = (SELECT max(version) FROM _oncebox_migrations)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a migration forgotten");
+    pool.close().await;
+    let (out, report) = doctor(&sqlite, &[], &[]);
+    assert_failed(&out, &report, &["migrations"]);
+}
+
+/// MySQL / MariaDB: a good setup passes, with the rights and the clock checked; a user
+/// granted reading alone on most tables fails the rights check, which names what each
+/// table lacks (the rights are tried, so the server's own rules decide).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_setup_is_checked_and_a_user_without_rights_fails() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let database = support::unique("doctor_mysql");
+    let user = format!("{database}_u");
+    let server = support::mysql_url();
+    let admin = sqlx::MySqlPool::connect(&server)
+        .await
+        .expect("MySQL answers");
+    let admin_run = async |sql: String| {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .expect("an administrator's statement");
+    };
+    admin_run(format!("CREATE DATABASE {database}")).await;
+    let mut url = url::Url::parse(&server).expect("a URL");
+    url.set_path(&database);
+    let good = config(dir.path(), "good.toml", url.as_str(), &database, "");
+    run_ok(&good, &["migrate"]);
+    let (out, report) = doctor(&good, &[], &[]);
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        names(&report),
+        ["store", "migrations", "rights", "clock", "broker"]
+    );
+
+    admin_run(format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'doctor'")).await;
+    admin_run(format!("GRANT SELECT ON {database}.* TO '{user}'@'%'")).await;
+    admin_run(format!(
+        "GRANT INSERT, UPDATE, DELETE ON {database}.oncebox_outbox TO '{user}'@'%'"
+    ))
+    .await;
+    url.set_username(&user).expect("a user name");
+    url.set_password(Some("doctor")).expect("a password");
+    let reader = config(dir.path(), "reader.toml", url.as_str(), &database, "");
+    let (out, report) = doctor(&reader, &[], &[]);
+    let failures = assert_failed(&out, &report, &["rights"]);
+    let detail = &failures[0].1;
+    assert!(!detail.contains("oncebox_outbox"), "{detail}");
+    for table in oncebox::mysql::TABLES
+        .iter()
+        .filter(|t| **t != "oncebox_outbox")
+    {
+        assert!(
+            detail.contains(&format!("{table} (INSERT, UPDATE, DELETE)")),
+            "{table}: {detail}"
+        );
+    }
+    // Nothing was written: the statements that were allowed touched no row.
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {database}.oncebox_outbox"
+    )))
+    .fetch_one(&admin)
+    .await
+    .expect("a count");
+    assert_eq!(rows, 0);
+
+    admin_run(format!("DROP USER '{user}'@'%'")).await;
+    admin_run(format!("DROP DATABASE {database}")).await;
+}
+
+/// Kafka: the receiver's topic and its dead-letter topic are missing, each named; once
+/// created, both pass.
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_topic_that_does_not_exist_fails() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let schema = support::unique("doctor_kafka");
+    let brokers =
+        std::env::var("ONCEBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let kafka = write_config(
+        dir.path(),
+        "kafka.toml",
+        &format!(
+            "[store]\nurl = \"{pg}\"\nschema = \"{schema}\"\n\n[broker]\nurl = \"kafka://{brokers}\"\n\n\
+             [receive]\ntopic = \"{schema}\"\n",
+            pg = support::pg_url(),
+        ),
+    );
+    run_ok(&kafka, &["migrate"]);
+    let options = oncebox::kafka::KafkaOptions::new(&brokers);
+    let dead = options.dead_letter_topic_for(&schema);
+    let (out, report) = doctor(&kafka, &[], &[]);
+    let failures = assert_failed(&out, &report, &["topic", "topic"]);
+    assert!(
+        failures[0].1.contains(&format!("topic {schema} ")),
+        "{failures:?}"
+    );
+    assert!(
+        failures[1].1.contains(&format!("topic {dead} ")),
+        "{failures:?}"
+    );
+
+    let admin = oncebox::kafka::KafkaAdmin::new(options).expect("an admin client");
+    for topic in [&schema, &dead] {
+        admin.create_topic(topic, 1, 1).await.expect("a topic");
+    }
+    let (out, report) = doctor(&kafka, &[], &[]);
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        names(&report),
+        [
+            "store",
+            "migrations",
+            "rights",
+            "clock",
+            "broker",
+            "topic",
+            "topic"
+        ]
+    );
+    admin
+        .delete_topics(&[&schema, &dead])
+        .await
+        .expect("the topics deleted");
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}

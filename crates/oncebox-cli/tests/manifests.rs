@@ -297,40 +297,13 @@ fn listen_port(config: &toml::Table, section: &str) -> i64 {
         .unwrap_or_else(|| panic!("{section}.listen = {listen}"))
 }
 
-/// Drops the test's slot, publication, schema and stream, also when the test fails.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let name = &self.0;
-        let _ = std::process::Command::new("psql")
-            .arg(support::pg_url())
-            .args(["-X", "-q", "-c"])
-            .arg(format!(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}' AND active; SELECT pg_sleep(0.5); \
-                 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = '{name}'; DROP PUBLICATION IF EXISTS \"{name}\"; \
-                 DROP SCHEMA IF EXISTS {name} CASCADE"
-            ))
-            .output();
-        let _ = std::process::Command::new("redis-cli")
-            .args([
-                "-u",
-                &support::redis_url(),
-                "DEL",
-                &format!("{name}:orders"),
-            ])
-            .output();
-    }
-}
-
 #[test]
 fn the_kubernetes_manifests_fit_the_binary() {
     let docs = manifests();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("manifests");
-    let _cleanup = Cleanup(schema.clone());
+    let _cleanup =
+        support::LogTailingCleanup::new(&schema).with_redis_key(format!("{schema}:orders"));
     // The local services in place of the cluster's, a schema and a slot of the test's.
     let overrides = [
         ("ONCEBOX_STORE__URL", support::pg_url()),

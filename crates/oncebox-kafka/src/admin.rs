@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_core::wire::WireFormat;
@@ -41,7 +42,7 @@ pub struct DeadLetter {
 /// that create their topics from code.
 pub struct KafkaAdmin {
     options: KafkaOptions,
-    client: AdminClient<LoggingContext>,
+    client: Arc<AdminClient<LoggingContext>>,
 }
 
 impl KafkaAdmin {
@@ -57,7 +58,10 @@ impl KafkaAdmin {
             .admin_config()
             .create_with_context(LoggingContext::default())
             .map_err(config_error)?;
-        Ok(Self { options, client })
+        Ok(Self {
+            options,
+            client: Arc::new(client),
+        })
     }
 
     /// Creates `topic` with `partitions` partitions and a replication factor of
@@ -96,6 +100,52 @@ impl KafkaAdmin {
             }
         }
         Ok(())
+    }
+
+    /// The names of the topics the brokers hold, sorted, from the cluster's metadata
+    /// (which creates nothing, whatever `auto.create.topics.enable` says).
+    ///
+    /// # Errors
+    ///
+    /// A transient transport error when no broker answers within
+    /// [`KafkaOptions::connect_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; the request goes on in a blocking thread until it ends.
+    pub async fn topics(&self) -> Result<Vec<String>> {
+        let client = Arc::clone(&self.client);
+        let waited = self.options.connect_timeout;
+        let fetched = tokio::task::spawn_blocking(move || {
+            let client = client.inner();
+            client
+                .fetch_metadata(None, Timeout::After(waited))
+                .map(|metadata| {
+                    let mut names: Vec<String> = metadata
+                        .topics()
+                        .iter()
+                        .map(|topic| topic.name().to_owned())
+                        .collect();
+                    names.sort_unstable();
+                    names
+                })
+                .map_err(|error| {
+                    client
+                        .context()
+                        .last_error()
+                        .unwrap_or_else(|| error.to_string())
+                })
+        })
+        .await
+        .map_err(|joined| Error::transport_transient(joined.to_string()))?;
+        fetched.map_err(|cause| {
+            KafkaTransportError::Unreachable {
+                brokers: self.options.brokers.clone(),
+                waited,
+                cause,
+            }
+            .into()
+        })
     }
 
     /// Deletes `topics`; those that do not exist are skipped.

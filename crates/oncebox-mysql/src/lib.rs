@@ -308,7 +308,7 @@ pub use durable::MySqlDurableInbox;
 pub use error::{RowDecodeError, ValueTooLong};
 pub use inbox::MySqlInbox;
 pub use migrate::{
-    MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, migrator,
+    MIGRATIONS_TABLE, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, TABLES, migrator,
 };
 pub use outbox::{DeadLetter, MySqlOutbox, OutboxStats, RowState, RowStatus};
 pub use store::{DEFAULT_MAX_CONNECTIONS, MySqlStore};

@@ -38,6 +38,20 @@ pub const SCHEMA_V4: &str = include_str!("../migrations/0004_duplicates.sql");
 /// listings filtered by time (`migrations/0005_outbox_by_creation.sql`). Idempotent.
 pub const SCHEMA_V5: &str = include_str!("../migrations/0005_outbox_by_creation.sql");
 
+/// The tables the migrations create in the current database, every one of which the
+/// services' role reads and writes (`oncebox doctor` checks that it may). A test holds
+/// this list to the migrations' `CREATE TABLE` statements.
+pub const TABLES: &[&str] = &[
+    "oncebox_outbox",
+    "oncebox_key_locks",
+    "oncebox_claim_locks",
+    "oncebox_inbox",
+    "oncebox_durable_inbox",
+    "oncebox_dedup",
+    "oncebox_claims",
+    "oncebox_inbox_duplicates",
+];
+
 /// The migrator of oncebox's tables, recording its work in `_oncebox_migrations`.
 ///
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs it; call it directly to
@@ -60,4 +74,32 @@ pub fn migrator() -> Migrator {
         MIGRATIONS_TABLE.to_owned(),
         versions.map(|(version, name, sql)| (version, name, sql.to_owned())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tables_are_those_the_migrations_create() {
+        let mut created: Vec<&str> = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
+            .iter()
+            .flat_map(|sql| sql.split("CREATE TABLE IF NOT EXISTS ").skip(1))
+            .map(|rest| {
+                rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or("")
+            })
+            .collect();
+        for sql in [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5] {
+            assert!(
+                !sql.to_uppercase().contains("DROP TABLE"),
+                "a migration drops a table: update TABLES"
+            );
+        }
+        created.sort_unstable();
+        let mut tables = TABLES.to_vec();
+        tables.sort_unstable();
+        assert_eq!(created, tables);
+    }
 }

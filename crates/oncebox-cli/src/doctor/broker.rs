@@ -40,7 +40,7 @@ pub(super) async fn checks(config: &Config) -> Vec<Check> {
 
 /// The subjects (before the broker's prefix) the services of this configuration use and
 /// know in advance: the receiver's topic and the `[topics]` destinations.
-#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
 fn named_destinations(config: &Config) -> Vec<String> {
     let mut named: Vec<String> = config.receive.topic.iter().cloned().collect();
     named.extend(config.topics.values().cloned());
@@ -50,9 +50,10 @@ fn named_destinations(config: &Config) -> Vec<String> {
 }
 
 /// NATS: `broker.stream` exists (or the services create it at start), or else a stream
-/// captures each subject the configuration names. Redis Streams need nothing in
+/// captures each subject the configuration names. Kafka: each topic the configuration
+/// names exists, and the receiver's dead-letter topic. Redis Streams need nothing in
 /// advance; RabbitMQ's exchange was checked by connecting (a passive declare, unless the
-/// configuration declares it); Kafka's topics are not checked yet.
+/// configuration declares it).
 async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
     match broker {
         #[cfg(feature = "nats")]
@@ -110,9 +111,53 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
             }
             checks
         }
+        #[cfg(feature = "kafka")]
+        Broker::Kafka(options) => kafka_topics(config, options).await,
         _ => {
             let _ = config;
             Vec::new()
         }
     }
+}
+
+/// Kafka: the topics the configuration names, and the receiver's dead-letter topic, are
+/// on the brokers. The services create no topic; a missing one stops the receiver at
+/// start and holds the relay's messages for it in the outbox.
+#[cfg(feature = "kafka")]
+async fn kafka_topics(config: &Config, options: &oncebox::kafka::KafkaOptions) -> Vec<Check> {
+    let existing = match oncebox::kafka::KafkaAdmin::new(options.clone()) {
+        Ok(admin) => admin.topics().await,
+        Err(error) => Err(error),
+    };
+    let existing = match existing {
+        Ok(existing) => existing,
+        Err(error) => {
+            return vec![Check::fail(
+                "topics",
+                format!("cannot list the brokers' topics: {error}"),
+                "check that the brokers answer this host",
+            )];
+        }
+    };
+    let mut wanted = named_destinations(config);
+    if let Some(topic) = &config.receive.topic {
+        wanted.push(options.dead_letter_topic_for(topic));
+    }
+    wanted
+        .into_iter()
+        .map(|topic| {
+            if existing.binary_search(&topic).is_ok() {
+                Check::pass("topic", format!("{topic} exists"))
+            } else {
+                Check::fail(
+                    "topic",
+                    format!("topic {topic} does not exist on the brokers"),
+                    format!(
+                        "create it (kafka-topics.sh --create --topic {topic}, with the \
+                         partitions its keys need)"
+                    ),
+                )
+            }
+        })
+        .collect()
 }

@@ -3,14 +3,15 @@
 //! otherwise (2, as for every command, when the configuration itself cannot work).
 //!
 //! The checks, in order: the store answers; its migrations are current; the role may
-//! use oncebox's tables; for a log-tailing relay (`relay.mode = "cdc"`), PostgreSQL's
-//! `wal_level`, `max_replication_slots`, `max_slot_wal_keep_size`, the role's
-//! `REPLICATION` attribute and the slot's state; the broker answers, and the destination
-//! it needs exists (NATS: a stream capturing the subjects); the clock of this host
-//! against the database's; the dashboard's token. A check that cannot run because an
+//! read and write oncebox's tables (PostgreSQL, MySQL); the database's clock against
+//! this host's (PostgreSQL, MySQL); for a log-tailing relay (`relay.mode = "cdc"`),
+//! PostgreSQL's `wal_level`, `max_replication_slots`, `max_slot_wal_keep_size`, the
+//! role's `REPLICATION` attribute and the slot's state; the broker answers, and the
+//! destinations it needs exist (NATS: a stream capturing the subjects; Kafka: the
+//! topics); the dashboard's token. A check that cannot run because an
 //! earlier one failed (nothing answers) is not reported: fix the first failure first.
 //!
-//! Doctor changes nothing: it creates no table, slot, stream or exchange.
+//! Doctor changes nothing: it creates no table, slot, stream, topic or exchange.
 
 mod broker;
 mod cdc;

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use oncebox::postgres::PgStore;
+
 use super::Check;
 use crate::service::backend::Database;
 
@@ -106,13 +108,20 @@ async fn migrations(database: &Database) -> Check {
     }
 }
 
-/// PostgreSQL: the role may use the schema, read and write every table of it (but the
-/// migrations' own table, which only `oncebox migrate` writes) and use its sequences.
-/// (SQLite has no roles; MySQL's grants are not read yet.)
+/// The role may read and write every table of oncebox's (but the migrations' own table,
+/// which only `oncebox migrate` writes). SQLite has no roles.
 async fn rights(database: &Database) -> Option<Check> {
-    let Database::Postgres(store) = database else {
-        return None;
-    };
+    match database {
+        Database::Sqlite(_) => None,
+        Database::Postgres(store) => Some(postgres_rights(store).await),
+        #[cfg(feature = "mysql")]
+        Database::Mysql(store) => Some(mysql_rights(store).await),
+    }
+}
+
+/// PostgreSQL: the role may use the schema, read and write every table of it and use its
+/// sequences, as the catalog's privilege functions answer.
+async fn postgres_rights(store: &PgStore) -> Check {
     let schema = store.schema();
     let missing: Result<Vec<String>, sqlx::Error> = sqlx::query_scalar(
         "SELECT c.relname || ' (' || array_to_string(ARRAY(
@@ -144,7 +153,7 @@ async fn rights(database: &Database) -> Option<Check> {
          UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO <role>; GRANT USAGE ON ALL \
          SEQUENCES IN SCHEMA {schema} TO <role>"
     );
-    Some(match (usage, missing) {
+    match (usage, missing) {
         (Err(error), _) | (_, Err(error)) => Check::fail(
             "rights",
             format!("cannot read the role's rights: {error}"),
@@ -169,7 +178,99 @@ async fn rights(database: &Database) -> Option<Check> {
             format!("the role lacks {}", missing.join("; ")),
             grant,
         ),
-    })
+    }
+}
+
+/// MySQL / MariaDB: each right tried on each of oncebox's tables with a statement that
+/// touches no row, in a transaction rolled back. Trying asks the server itself, so
+/// global, database, table and role grants, and the host a grant names, all count as
+/// the server counts them; reading its grant tables would have to repeat those rules.
+#[cfg(feature = "mysql")]
+async fn mysql_rights(store: &oncebox::mysql::MySqlStore) -> Check {
+    use sqlx::mysql::MySqlDatabaseError;
+    /// ER_TABLEACCESS_DENIED_ERROR and ER_COLUMNACCESS_DENIED_ERROR.
+    const DENIED: [u16; 2] = [1142, 1143];
+
+    let grant = "as an administrator: GRANT SELECT, INSERT, UPDATE, DELETE ON <database>.* \
+                 TO <user> (or on each oncebox_* table)";
+    let tried: Result<Vec<String>, sqlx::Error> = async {
+        let mut lacking = Vec::new();
+        let mut transaction = store.pool().begin().await?;
+        for table in oncebox::mysql::TABLES {
+            // The columns the role can see: none when it has no right on the table. An
+            // insert names them all, or the server refuses one without a default before
+            // it would insert a row.
+            let columns: Vec<String> = sqlx::query_scalar(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            )
+            .bind(table)
+            .fetch_all(&mut *transaction)
+            .await?;
+            let columns: Vec<String> = columns
+                .iter()
+                .map(|column| format!("`{}`", column.replace('`', "``")))
+                .collect();
+            let Some(first) = columns.first() else {
+                lacking.push(format!("every right on {table} (or it does not exist)"));
+                continue;
+            };
+            let nulls = vec!["NULL"; columns.len()].join(", ");
+            let mut missing = Vec::new();
+            for (right, statement) in [
+                ("SELECT", format!("SELECT 1 FROM {table} WHERE FALSE")),
+                (
+                    "INSERT",
+                    format!(
+                        "INSERT INTO {table} ({}) SELECT {nulls} FROM DUAL WHERE FALSE",
+                        columns.join(", ")
+                    ),
+                ),
+                (
+                    "UPDATE",
+                    format!("UPDATE {table} SET {first} = NULL WHERE FALSE"),
+                ),
+                ("DELETE", format!("DELETE FROM {table} WHERE FALSE")),
+            ] {
+                match sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&mut *transaction)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(error))
+                        if error
+                            .try_downcast_ref::<MySqlDatabaseError>()
+                            .is_some_and(|error| DENIED.contains(&error.number())) =>
+                    {
+                        missing.push(right);
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            if !missing.is_empty() {
+                lacking.push(format!("{table} ({})", missing.join(", ")));
+            }
+        }
+        transaction.rollback().await?;
+        Ok(lacking)
+    }
+    .await;
+    match tried {
+        Err(error) => Check::fail(
+            "rights",
+            format!("cannot try the role's rights: {error}"),
+            grant,
+        ),
+        Ok(lacking) if lacking.is_empty() => Check::pass(
+            "rights",
+            "the role reads and writes every oncebox_* table of the database",
+        ),
+        Ok(lacking) => Check::fail(
+            "rights",
+            format!("the role lacks {}", lacking.join("; ")),
+            grant,
+        ),
+    }
 }
 
 /// The database's clock against this host's: the difference, give or take half the

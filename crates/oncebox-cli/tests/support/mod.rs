@@ -538,3 +538,50 @@ fn any_value(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -
         _ => String::new(),
     }
 }
+
+/// Drops a test's log-tailing leftovers when it ends, also when it fails: the slot named
+/// after the test's schema (ending whatever still reads it: a slot left behind keeps WAL
+/// for good), the publication of that name, the schema, and the Redis keys given.
+pub struct LogTailingCleanup {
+    pub name: String,
+    pub redis_keys: Vec<String>,
+}
+
+impl LogTailingCleanup {
+    /// The slot, publication and schema named `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            redis_keys: Vec::new(),
+        }
+    }
+
+    /// Also the Redis key `key`.
+    pub fn with_redis_key(mut self, key: String) -> Self {
+        self.redis_keys.push(key);
+        self
+    }
+}
+
+impl Drop for LogTailingCleanup {
+    fn drop(&mut self) {
+        let name = &self.name;
+        let _ = Command::new("psql")
+            .arg(pg_url())
+            .args(["-X", "-q", "-c"])
+            .arg(format!(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = '{name}' AND active; SELECT pg_sleep(0.5); \
+                 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = '{name}'; DROP PUBLICATION IF EXISTS \"{name}\"; \
+                 DROP SCHEMA IF EXISTS {name} CASCADE"
+            ))
+            .output();
+        if !self.redis_keys.is_empty() {
+            let _ = Command::new("redis-cli")
+                .args(["-u", &redis_url(), "DEL"])
+                .args(&self.redis_keys)
+                .output();
+        }
+    }
+}
