@@ -231,10 +231,12 @@ fn collector() -> (u16, std::sync::mpsc::Receiver<String>) {
                     break;
                 }
             }
+            // Kept before it is answered: the relay may exit as soon as the answer is in,
+            // and the test then reads what was kept.
+            let _ = sender.send(String::from_utf8_lossy(&request).into_owned());
             let _ = stream.write_all(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
             );
-            let _ = sender.send(String::from_utf8_lossy(&request).into_owned());
         }
     });
     (port, receiver)
