@@ -557,10 +557,21 @@ fn a_short_soak_samples_every_process_and_finds_them_flat() {
         ["relay-0", "relay-1", "payments-0", "payments-1"],
         "{soak}"
     );
+    let seconds = report["seconds"].as_f64().expect("the run's seconds");
     for process in processes {
         let samples = process["samples"].as_array().expect("samples");
-        // A sample every 4 s from 4 s on, through 60 s of orders and the drain.
-        assert!(samples.len() >= 15, "{process}");
+        // A sample every 4 s from 4 s on, through the 60 s of orders and the drain, none
+        // skipped (the run's seconds also count the audit, after the last sample).
+        assert!(
+            samples.len() as f64 >= seconds / 4.0 - 2.0,
+            "{seconds} s: {process}"
+        );
+        let at: Vec<f64> = samples
+            .iter()
+            .map(|sample| sample["at_s"].as_f64().expect("a time"))
+            .collect();
+        assert!(at[0] >= 4.0, "{process}");
+        assert!(at.windows(2).all(|w| w[1] - w[0] < 8.0), "{process}");
         for sample in samples {
             let field = |name: &str| sample[name].as_u64().expect("a count");
             assert!(field("rss_kib") > 1024, "{sample}");
