@@ -131,7 +131,7 @@ impl SqsTransport {
     ///
     /// # Errors
     ///
-    /// Transport errors; [`SqsError::NoQueue`] when there is no dead-letter queue.
+    /// Transport errors; [`SqsError::NoQueue`](crate::SqsError::NoQueue) when there is no dead-letter queue.
     pub async fn dead_letters(&self, topic: &str, max: usize) -> Result<Vec<DeadLetter>> {
         let queue = self.shared.options.queue_of(topic)?;
         let dead = names::dead_letter_queue(&queue, &self.shared.options.dead_letter_suffix);

@@ -132,9 +132,8 @@ impl Delivery for SqsDelivery {
     /// comes back), or when the delete fails (it comes back and may be dead-lettered
     /// twice).
     async fn dead_letter(mut self, reason: &str) -> Result<()> {
-        if let Err(error) = dead_letter::send(&self.queue, &self.message, reason).await {
-            return Err(error);
-        }
+        // Not confirmed: the error, and the delivery released when dropped (unsettled).
+        dead_letter::send(&self.queue, &self.message, reason).await?;
         self.settled = true;
         self.lease.stop();
         delete(&self.queue, &self.message).await
