@@ -421,7 +421,8 @@ fn human_output_is_a_table_and_bad_flags_are_refused() {
     feature = "nats",
     feature = "rabbitmq",
     feature = "kafka",
-    feature = "redis-streams"
+    feature = "redis-streams",
+    feature = "sqs"
 ))]
 fn relay_through(transport: &str) {
     let report = bench(&[
@@ -540,6 +541,14 @@ fn relay_through_kafka() {
 #[test]
 fn relay_through_redis_streams() {
     relay_through("redis");
+}
+
+/// Into a FIFO queue of the local SQS-compatible server (`scripts/services.sh sqs`),
+/// against `SendMessageBatch` requests of ten from the raw SDK client.
+#[cfg(feature = "sqs")]
+#[test]
+fn relay_through_sqs() {
+    relay_through("sqs");
 }
 
 #[cfg(feature = "mysql")]

@@ -133,6 +133,10 @@ pub(crate) enum TransportKind {
     /// Redis Streams (`--broker-url`, else `ONCEBOX_REDIS_URL`, else the local server).
     #[cfg(feature = "redis-streams")]
     Redis,
+    /// Amazon SQS, a FIFO queue (`--broker-url` as the endpoint, else
+    /// `ONCEBOX_SQS_ENDPOINT`, else the local server on port 4566).
+    #[cfg(feature = "sqs")]
+    Sqs,
 }
 
 /// How the relay learns of new messages in `oncebox-bench latency`.
@@ -350,7 +354,8 @@ async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<R
         feature = "nats",
         feature = "rabbitmq",
         feature = "kafka",
-        feature = "redis-streams"
+        feature = "redis-streams",
+        feature = "sqs"
     ))]
     let url = args.common.broker_url.as_deref();
     match args.common.transport {
@@ -379,6 +384,11 @@ async fn relay_on<B: Backend>(backend: &B, args: &RelayArgs) -> anyhow::Result<R
         #[cfg(feature = "redis-streams")]
         TransportKind::Redis => {
             let broker = transport::redis::RedisStreamsBench::open(url).await?;
+            relay_through(backend, broker, args).await
+        }
+        #[cfg(feature = "sqs")]
+        TransportKind::Sqs => {
+            let broker = transport::sqs::SqsBench::open(url).await?;
             relay_through(backend, broker, args).await
         }
     }

@@ -12,7 +12,7 @@
 //! anyhow::Result<Self>` (the `--broker-url` flag; without it, the broker's environment
 //! variable, else the local default): `memory::MemoryBench` (no URL),
 //! `nats::NatsBench`, `rabbitmq::RabbitMqBench`, `kafka::KafkaBench`,
-//! `redis::RedisStreamsBench`.
+//! `redis::RedisStreamsBench`, `sqs::SqsBench`.
 
 pub(crate) mod memory;
 
@@ -24,6 +24,8 @@ pub(crate) mod nats;
 pub(crate) mod rabbitmq;
 #[cfg(feature = "redis-streams")]
 pub(crate) mod redis;
+#[cfg(feature = "sqs")]
+pub(crate) mod sqs;
 
 use std::future::Future;
 
