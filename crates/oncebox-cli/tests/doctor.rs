@@ -384,9 +384,8 @@ async fn a_mysql_setup_is_checked_and_a_user_without_rights_fails() {
     ))
     .await;
     url.set_username(&user).expect("a user name");
-    url.set_password(Some("doctor")).expect("a password");
     let reader = config(dir.path(), "reader.toml", url.as_str(), &database, "");
-    let (out, report) = doctor(&reader, &[], &[]);
+    let (out, report) = doctor(&reader, &[("ONCEBOX_STORE__PASSWORD", "doctor")], &[]);
     let failures = assert_failed(&out, &report, &["rights"]);
     let detail = &failures[0].1;
     assert!(!detail.contains("oncebox_outbox"), "{detail}");
@@ -468,4 +467,65 @@ async fn a_kafka_topic_that_does_not_exist_fails() {
         .await
         .expect("the topics deleted");
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// SQS: a topic's queue that does not exist is named, by name and by URL; once created,
+/// it passes.
+#[cfg(feature = "sqs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqs_queue_that_does_not_exist_fails() {
+    use oncebox::sqs::{QueueSettings, SqsOptions, SqsTransport};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let endpoint = std::env::var("ONCEBOX_SQS_ENDPOINT")
+        .unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned());
+    let queue = format!("{}.fifo", support::unique("doctor-sqs").replace('_', "-"));
+    let sqlite = dir.path().join("oncebox.db");
+    let sqs_config = |name: &str, destination: &str| {
+        write_config(
+            dir.path(),
+            name,
+            &format!(
+                "[store]\nurl = \"sqlite://{}\"\n\n[broker]\nurl = \"sqs://us-east-1?endpoint={endpoint}\"\n\n\
+                 [topics]\norders = \"{destination}\"\n",
+                sqlite.display()
+            ),
+        )
+    };
+    let by_name = sqs_config("by-name.toml", &queue);
+    run_ok(&by_name, &["migrate"]);
+    let (out, report) = doctor(&by_name, &[], &[]);
+    let failures = assert_failed(&out, &report, &["queue"]);
+    assert!(failures[0].1.contains(&queue), "{failures:?}");
+
+    let sqs = SqsTransport::connect(
+        SqsOptions::new()
+            .endpoint(&endpoint)
+            .region("us-east-1")
+            .static_credentials("oncebox-tests", "oncebox-tests")
+            .queue("orders", queue.clone()),
+    )
+    .await
+    .expect("an SQS client");
+    let url = sqs
+        .ensure_queue("orders", &QueueSettings::new())
+        .await
+        .expect("the queues are created");
+    let by_url = sqs_config("by-url.toml", &url);
+    for config in [&by_name, &by_url] {
+        let (out, report) = doctor(config, &[], &[]);
+        assert_eq!(report["ok"], true, "{report:#}");
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(names(&report), ["store", "migrations", "broker", "queue"]);
+    }
+    for name in [queue.clone(), queue.replace(".fifo", "-dlq.fifo")] {
+        if let Ok(found) = sqs.client().get_queue_url().queue_name(&name).send().await
+            && let Some(url) = found.queue_url()
+        {
+            let _ = sqs.client().delete_queue().queue_url(url).send().await;
+        }
+    }
+    let missing_url = url.replace(&queue, &format!("gone-{queue}"));
+    let gone = sqs_config("gone.toml", &missing_url);
+    let (out, report) = doctor(&gone, &[], &[]);
+    assert_failed(&out, &report, &["queue"]);
 }

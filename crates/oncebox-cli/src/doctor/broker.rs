@@ -40,7 +40,10 @@ pub(super) async fn checks(config: &Config) -> Vec<Check> {
 
 /// The subjects (before the broker's prefix) the services of this configuration use and
 /// know in advance: the receiver's topic and the `[topics]` destinations.
-#[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "nats", feature = "kafka", feature = "sqs")),
+    allow(dead_code)
+)]
 fn named_destinations(config: &Config) -> Vec<String> {
     let mut named: Vec<String> = config.receive.topic.iter().cloned().collect();
     named.extend(config.topics.values().cloned());
@@ -51,7 +54,8 @@ fn named_destinations(config: &Config) -> Vec<String> {
 
 /// NATS: `broker.stream` exists (or the services create it at start), or else a stream
 /// captures each subject the configuration names. Kafka: each topic the configuration
-/// names exists, and the receiver's dead-letter topic. Redis Streams need nothing in
+/// names exists, and the receiver's dead-letter topic. SQS: each topic's queue exists.
+/// Redis Streams need nothing in
 /// advance; RabbitMQ's exchange was checked by connecting (a passive declare, unless the
 /// configuration declares it).
 async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
@@ -113,6 +117,8 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
         }
         #[cfg(feature = "kafka")]
         Broker::Kafka(options) => kafka_topics(config, options).await,
+        #[cfg(feature = "sqs")]
+        Broker::Sqs(transport) => sqs_queues(config, transport).await,
         _ => {
             let _ = config;
             Vec::new()
@@ -160,4 +166,56 @@ async fn kafka_topics(config: &Config, options: &oncebox::kafka::KafkaOptions) -
             }
         })
         .collect()
+}
+
+/// SQS: the queue of each topic the configuration names exists (looked up by name, or
+/// read by URL). The services create no queue.
+#[cfg(feature = "sqs")]
+async fn sqs_queues(config: &Config, transport: &oncebox::sqs::SqsTransport) -> Vec<Check> {
+    use oncebox::sqs::aws_sdk_sqs::error::DisplayErrorContext;
+    use oncebox::sqs::aws_sdk_sqs::types::QueueAttributeName;
+    let client = transport.client();
+    let mut checks = Vec::new();
+    for topic in named_destinations(config) {
+        let queue = match transport.options().queue_of(&topic) {
+            Ok(queue) => queue,
+            Err(error) => {
+                checks.push(Check::fail("queue", error.to_string(), "fix [topics]"));
+                continue;
+            }
+        };
+        let found = if queue.starts_with("https://") || queue.starts_with("http://") {
+            let read = client
+                .get_queue_attributes()
+                .queue_url(&queue)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send();
+            tokio::time::timeout(TIMEOUT, read).await.map(|read| {
+                read.map(drop)
+                    .map_err(|e| DisplayErrorContext(e).to_string())
+            })
+        } else {
+            let looked_up = client.get_queue_url().queue_name(&queue).send();
+            tokio::time::timeout(TIMEOUT, looked_up).await.map(|found| {
+                found
+                    .map(drop)
+                    .map_err(|e| DisplayErrorContext(e).to_string())
+            })
+        };
+        checks.push(match found {
+            Ok(Ok(())) => Check::pass("queue", format!("{queue} exists (topic {topic})")),
+            Ok(Err(error)) => Check::fail(
+                "queue",
+                format!("queue {queue} of topic {topic} cannot be found: {error}"),
+                "create it (aws sqs create-queue; a .fifo name with FifoQueue=true), or map \
+                 the topic to an existing queue in [topics]",
+            ),
+            Err(_) => Check::fail(
+                "queue",
+                format!("no answer about queue {queue} within {TIMEOUT:?}"),
+                "check the endpoint and that SQS answers this host",
+            ),
+        });
+    }
+    checks
 }

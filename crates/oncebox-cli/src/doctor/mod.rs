@@ -8,10 +8,10 @@
 //! PostgreSQL's `wal_level`, `max_replication_slots`, `max_slot_wal_keep_size`, the
 //! role's `REPLICATION` attribute and the slot's state; the broker answers, and the
 //! destinations it needs exist (NATS: a stream capturing the subjects; Kafka: the
-//! topics); the dashboard's token. A check that cannot run because an
+//! topics; SQS: the queues); the dashboard's token. A check that cannot run because an
 //! earlier one failed (nothing answers) is not reported: fix the first failure first.
 //!
-//! Doctor changes nothing: it creates no table, slot, stream, topic or exchange.
+//! Doctor changes nothing: it creates no table, slot, stream, topic, queue or exchange.
 
 mod broker;
 mod cdc;
