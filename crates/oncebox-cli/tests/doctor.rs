@@ -474,10 +474,9 @@ async fn a_kafka_topic_that_does_not_exist_fails() {
 #[cfg(feature = "sqs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_queue_that_does_not_exist_fails() {
-    use oncebox::sqs::{QueueSettings, SqsOptions, SqsTransport};
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let endpoint = std::env::var("ONCEBOX_SQS_ENDPOINT")
-        .unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned());
+    let endpoint = support::sqs_endpoint();
+    // A queue that does not exist.
     let queue = format!("{}.fifo", support::unique("doctor-sqs").replace('_', "-"));
     let sqlite = dir.path().join("oncebox.db");
     let sqs_config = |name: &str, destination: &str| {
@@ -497,19 +496,9 @@ async fn an_sqs_queue_that_does_not_exist_fails() {
     let failures = assert_failed(&out, &report, &["queue"]);
     assert!(failures[0].1.contains(&queue), "{failures:?}");
 
-    let sqs = SqsTransport::connect(
-        SqsOptions::new()
-            .endpoint(&endpoint)
-            .region("us-east-1")
-            .static_credentials("oncebox-tests", "oncebox-tests")
-            .queue("orders", queue.clone()),
-    )
-    .await
-    .expect("an SQS client");
-    let url = sqs
-        .ensure_queue("orders", &QueueSettings::new())
-        .await
-        .expect("the queues are created");
+    let orders = support::SqsQueue::create("doctor-sqs").await;
+    let by_name = sqs_config("by-name.toml", &orders.name);
+    let url = orders.url.clone();
     let by_url = sqs_config("by-url.toml", &url);
     for config in [&by_name, &by_url] {
         let (out, report) = doctor(config, &[], &[]);
@@ -517,14 +506,8 @@ async fn an_sqs_queue_that_does_not_exist_fails() {
         assert_eq!(out.status.code(), Some(0));
         assert_eq!(names(&report), ["store", "migrations", "broker", "queue"]);
     }
-    for name in [queue.clone(), queue.replace(".fifo", "-dlq.fifo")] {
-        if let Ok(found) = sqs.client().get_queue_url().queue_name(&name).send().await
-            && let Some(url) = found.queue_url()
-        {
-            let _ = sqs.client().delete_queue().queue_url(url).send().await;
-        }
-    }
-    let missing_url = url.replace(&queue, &format!("gone-{queue}"));
+    orders.delete().await;
+    let missing_url = url.replace(&orders.name, &format!("gone-{}", orders.name));
     let gone = sqs_config("gone.toml", &missing_url);
     let (out, report) = doctor(&gone, &[], &[]);
     assert_failed(&out, &report, &["queue"]);

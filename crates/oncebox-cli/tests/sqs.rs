@@ -9,37 +9,20 @@ mod support;
 
 use std::time::Duration;
 
-use oncebox::sqs::{QueueSettings, SqsOptions, SqsTransport};
 use support::{Service, run, run_ok, wait_for, write_config};
 
 const MESSAGES: usize = 200;
 
-fn endpoint() -> String {
-    std::env::var("ONCEBOX_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_carries_relay_to_receive() {
     let dir = tempfile::tempdir().expect("a directory");
-    let queue = format!("{}.fifo", support::unique("svc-orders").replace('_', "-"));
-    let sqs = SqsTransport::connect(
-        SqsOptions::new()
-            .endpoint(endpoint())
-            .region("us-east-1")
-            .static_credentials("oncebox-tests", "oncebox-tests")
-            .queue("orders", queue.clone()),
-    )
-    .await
-    .expect("an SQS client");
-    let url = sqs
-        .ensure_queue("orders", &QueueSettings::new())
-        .await
-        .expect("the queues are created");
+    let orders = support::SqsQueue::create("svc-orders").await;
+    let (queue, url) = (&orders.name, &orders.url);
     let outbox_db = dir.path().join("shop.db");
     let inbox_db = dir.path().join("billing.db");
     let broker = format!(
         "[broker]\nurl = \"sqs://us-east-1?endpoint={}\"\n",
-        endpoint()
+        support::sqs_endpoint()
     );
     let relay_config = write_config(
         dir.path(),
@@ -94,13 +77,7 @@ async fn sqs_carries_relay_to_receive() {
     .await
     .expect("counted");
     assert_eq!((rows, distinct), (MESSAGES as i64, MESSAGES as i64));
-    for name in [queue.clone(), queue.replace(".fifo", "-dlq.fifo")] {
-        if let Ok(found) = sqs.client().get_queue_url().queue_name(&name).send().await
-            && let Some(url) = found.queue_url()
-        {
-            let _ = sqs.client().delete_queue().queue_url(url).send().await;
-        }
-    }
+    orders.delete().await;
 }
 
 /// Bad `sqs://` settings stop `config check` with the key and the reason.

@@ -585,3 +585,53 @@ impl Drop for LogTailingCleanup {
         }
     }
 }
+
+/// The local SQS-compatible server of the tests (`scripts/services.sh sqs`).
+pub fn sqs_endpoint() -> String {
+    std::env::var("ONCEBOX_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned())
+}
+
+/// A FIFO queue of a test's own on the local SQS server, the topic `orders` mapped to it,
+/// with its dead-letter queue; deleted with [`SqsQueue::delete`].
+#[cfg(feature = "sqs")]
+pub struct SqsQueue {
+    pub sqs: oncebox::sqs::SqsTransport,
+    /// The queue's name (`….fifo`).
+    pub name: String,
+    pub url: String,
+}
+
+#[cfg(feature = "sqs")]
+impl SqsQueue {
+    /// Creates the queue `<prefix>_<unique>.fifo` and its dead-letter queue.
+    pub async fn create(prefix: &str) -> Self {
+        use oncebox::sqs::{QueueSettings, SqsOptions, SqsTransport};
+        let name = format!("{}.fifo", unique(prefix).replace('_', "-"));
+        let sqs = SqsTransport::connect(
+            SqsOptions::new()
+                .endpoint(sqs_endpoint())
+                .region("us-east-1")
+                .static_credentials("oncebox-tests", "oncebox-tests")
+                .queue("orders", name.clone()),
+        )
+        .await
+        .expect("an SQS client");
+        let url = sqs
+            .ensure_queue("orders", &QueueSettings::new())
+            .await
+            .expect("the queues are created");
+        Self { sqs, name, url }
+    }
+
+    /// Deletes the queue and its dead-letter queue.
+    pub async fn delete(&self) {
+        let client = self.sqs.client();
+        for name in [self.name.clone(), self.name.replace(".fifo", "-dlq.fifo")] {
+            if let Ok(found) = client.get_queue_url().queue_name(&name).send().await
+                && let Some(url) = found.queue_url()
+            {
+                let _ = client.delete_queue().queue_url(url).send().await;
+            }
+        }
+    }
+}
