@@ -39,6 +39,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use broker::BrokerConfig;
+#[cfg(feature = "nats")]
 pub(crate) use broker::{nats_servers, nats_user};
 use cdc::CdcConfig;
 pub(crate) use dashboard::DashboardConfig;
