@@ -58,10 +58,6 @@ async fn table_to_kafka_survives_three_kills() {
     survive_kills(Broker::Kafka, Source::Table).await;
 }
 
-fn kafka_brokers() -> String {
-    std::env::var("ONCEBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
-}
-
 async fn survive_kills(broker: Broker, source: Source) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("cdc");
@@ -78,14 +74,18 @@ async fn survive_kills(broker: Broker, source: Source) {
         ),
         Broker::Kafka => {
             let topic = support::unique("cdc_orders");
-            let admin =
-                oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(kafka_brokers()))
-                    .expect("an admin client");
+            let admin = oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(
+                support::kafka_brokers(),
+            ))
+            .expect("an admin client");
             admin
                 .create_topic(&topic, 3, 1)
                 .await
                 .expect("the topic is created");
-            (format!("url = \"kafka://{}\"", kafka_brokers()), topic)
+            (
+                format!("url = \"kafka://{}\"", support::kafka_brokers()),
+                topic,
+            )
         }
     };
     let topics = match broker {
@@ -258,9 +258,10 @@ status_interval = "100ms"
             let _ = jetstream.delete_stream(schema.to_uppercase()).await;
         }
         Broker::Kafka => {
-            let admin =
-                oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(kafka_brokers()))
-                    .expect("an admin client");
+            let admin = oncebox::kafka::KafkaAdmin::new(oncebox::kafka::KafkaOptions::new(
+                support::kafka_brokers(),
+            ))
+            .expect("an admin client");
             let _ = admin.delete_topics(&[topic.as_str()]).await;
         }
     }
@@ -329,7 +330,7 @@ async fn read_kafka(topic: &str) -> Vec<Seen> {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", kafka_brokers())
+            .set("bootstrap.servers", support::kafka_brokers())
             .set("group.id", support::unique("cdc_reader"))
             .set("auto.offset.reset", "earliest")
             .set("enable.auto.commit", "false")

@@ -418,8 +418,7 @@ async fn a_mysql_setup_is_checked_and_a_user_without_rights_fails() {
 async fn a_kafka_topic_that_does_not_exist_fails() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let schema = support::unique("doctor_kafka");
-    let brokers =
-        std::env::var("ONCEBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let brokers = support::kafka_brokers();
     let kafka = write_config(
         dir.path(),
         "kafka.toml",

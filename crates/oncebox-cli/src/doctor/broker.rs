@@ -131,11 +131,12 @@ async fn destinations(config: &Config, broker: &Broker) -> Vec<Check> {
 /// start and holds the relay's messages for it in the outbox.
 #[cfg(feature = "kafka")]
 async fn kafka_topics(config: &Config, options: &oncebox::kafka::KafkaOptions) -> Vec<Check> {
-    let existing = match oncebox::kafka::KafkaAdmin::new(options.clone()) {
-        Ok(admin) => admin.topics().await,
-        Err(error) => Err(error),
+    let listed = async {
+        oncebox::kafka::KafkaAdmin::new(options.clone())?
+            .topics()
+            .await
     };
-    let existing = match existing {
+    let existing = match listed.await {
         Ok(existing) => existing,
         Err(error) => {
             return vec![Check::fail(
@@ -174,6 +175,9 @@ async fn kafka_topics(config: &Config, options: &oncebox::kafka::KafkaOptions) -
 async fn sqs_queues(config: &Config, transport: &oncebox::sqs::SqsTransport) -> Vec<Check> {
     use oncebox::sqs::aws_sdk_sqs::error::DisplayErrorContext;
     use oncebox::sqs::aws_sdk_sqs::types::QueueAttributeName;
+    fn text(error: impl std::error::Error) -> String {
+        DisplayErrorContext(error).to_string()
+    }
     let client = transport.client();
     let mut checks = Vec::new();
     for topic in named_destinations(config) {
@@ -184,24 +188,17 @@ async fn sqs_queues(config: &Config, transport: &oncebox::sqs::SqsTransport) -> 
                 continue;
             }
         };
-        let found = if queue.starts_with("https://") || queue.starts_with("http://") {
-            let read = client
-                .get_queue_attributes()
-                .queue_url(&queue)
-                .attribute_names(QueueAttributeName::QueueArn)
-                .send();
-            tokio::time::timeout(TIMEOUT, read).await.map(|read| {
-                read.map(drop)
-                    .map_err(|e| DisplayErrorContext(e).to_string())
-            })
-        } else {
-            let looked_up = client.get_queue_url().queue_name(&queue).send();
-            tokio::time::timeout(TIMEOUT, looked_up).await.map(|found| {
-                found
-                    .map(drop)
-                    .map_err(|e| DisplayErrorContext(e).to_string())
-            })
+        let lookup = async {
+            if queue.starts_with("https://") || queue.starts_with("http://") {
+                let read = client.get_queue_attributes().queue_url(&queue);
+                let read = read.attribute_names(QueueAttributeName::QueueArn);
+                read.send().await.map(drop).map_err(text)
+            } else {
+                let looked_up = client.get_queue_url().queue_name(&queue).send().await;
+                looked_up.map(drop).map_err(text)
+            }
         };
+        let found = tokio::time::timeout(TIMEOUT, lookup).await;
         checks.push(match found {
             Ok(Ok(())) => Check::pass("queue", format!("{queue} exists (topic {topic})")),
             Ok(Err(error)) => Check::fail(

@@ -35,6 +35,11 @@ pub async fn redis() -> oncebox::redis::redis::aio::MultiplexedConnection {
         .expect("Redis answers")
 }
 
+/// The Kafka brokers of the tests (tansu, `scripts/services.sh kafka`).
+pub fn kafka_brokers() -> String {
+    std::env::var("ONCEBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
 /// The MySQL / MariaDB server of the tests.
 pub fn mysql_url() -> String {
     std::env::var("ONCEBOX_MYSQL_URL")
@@ -543,7 +548,9 @@ fn any_value(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -
 /// after the test's schema (ending whatever still reads it: a slot left behind keeps WAL
 /// for good), the publication of that name, the schema, and the Redis keys given.
 pub struct LogTailingCleanup {
+    /// The slot's, publication's and schema's name.
     pub name: String,
+    /// Redis keys deleted too.
     pub redis_keys: Vec<String>,
 }
 
@@ -595,9 +602,11 @@ pub fn sqs_endpoint() -> String {
 /// with its dead-letter queue; deleted with [`SqsQueue::delete`].
 #[cfg(feature = "sqs")]
 pub struct SqsQueue {
+    /// A client whose topic `orders` is the queue.
     pub sqs: oncebox::sqs::SqsTransport,
     /// The queue's name (`….fifo`).
     pub name: String,
+    /// The queue's URL.
     pub url: String,
 }
 
