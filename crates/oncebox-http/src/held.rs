@@ -1,12 +1,15 @@
-//! A request once its key is taken: the handler runs on a task of its own, so that a
-//! client that hangs up (the server drops the response future) stops nothing. The
+//! A request once its key is taken: the handler runs in the request's task, and goes on
+//! in a task of its own if the client hangs up (the server drops the response future),
+//! so that a hang-up stops nothing. The
 //! handler runs to its end, its response is stored, and the key is settled, for at most
 //! [`hang_up_timeout`](crate::IdempotencyOptions::hang_up_timeout) after the hang-up;
 //! past it the handler is stopped first, and only then is its key settled as for a
 //! handler that failed.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,6 +19,7 @@ use http_body::Body;
 use oncebox_core::Error;
 use oncebox_core::consumer::keep_lease;
 use oncebox_core::store::{DedupStore, FencingToken};
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -39,9 +43,9 @@ pub(crate) struct Taken<S> {
     pub(crate) fingerprint: Fingerprint,
 }
 
-/// Runs the handler for a taken key on a task of its own and waits for its answer.
-/// Dropping this future (the client hung up) leaves the task running: it stores the
-/// response as it would have, or stops the handler `hang_up_timeout` later.
+/// Runs the handler for a taken key and waits for its answer. Dropping this future (the
+/// client hung up) does not stop the handler: it goes on in a task of its own, stores
+/// the response as it would have, or is stopped `hang_up_timeout` later.
 pub(crate) async fn run<Svc, S, ReqB, ResB>(
     taken: Taken<S>,
     inner: Svc,
@@ -56,26 +60,73 @@ where
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
     ResB::Error: Send,
 {
-    let retry_after = taken.shared.options.retry_after_secs();
-    // Dropped with this future: then the task knows that nobody waits for its answer.
-    let (_waiting, hung_up) = oneshot::channel::<()>();
-    let task =
-        tokio::spawn(settle(taken, inner, request, hung_up).instrument(tracing::Span::current()));
-    match task.await {
-        Ok(answer) => answer,
-        // The handler panicked: the panic goes on to the caller, as it would have without
-        // the task (the key was freed when the task dropped it).
-        Err(error) => match error.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => Ok(Problem::StoreUnavailable.response(
-                "the server stopped while the request ran; retry with the same key",
-                Some(retry_after),
-            )),
-        },
+    let (waiting, hung_up) = oneshot::channel::<()>();
+    let settle = settle(taken, inner, request, hung_up).instrument(tracing::Span::current());
+    Detachable {
+        work: Some(Box::pin(settle)),
+        waiting: Some(waiting),
+        polling: false,
+    }
+    .await
+}
+
+/// Work run in its caller's task until the caller stops waiting for it, then in a task
+/// of its own: a task per request only for the requests whose client hung up.
+struct Detachable<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    work: Option<Pin<Box<F>>>,
+    /// Dropped with this: the work then knows that nobody waits for its answer.
+    waiting: Option<oneshot::Sender<()>>,
+    /// Set while the work is polled: still set when this is dropped, the poll panicked,
+    /// and the work cannot go on (dropped, it frees its key).
+    polling: bool,
+}
+
+impl<F> Future for Detachable<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let work = this
+            .work
+            .as_mut()
+            .expect("Detachable polled after completion");
+        this.polling = true;
+        let polled = work.as_mut().poll(cx);
+        this.polling = false;
+        if polled.is_ready() {
+            this.work = None;
+        }
+        polled
     }
 }
 
-/// What the handler left, read as far as the layer reads it.
+impl<F> Drop for Detachable<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    fn drop(&mut self) {
+        if self.polling {
+            return;
+        }
+        // Without a runtime (it is shutting down) the work is dropped: its key is freed
+        // by its lease.
+        if let (Some(work), Ok(runtime)) = (self.work.take(), Handle::try_current()) {
+            runtime.spawn(work);
+        }
+        // The hang-up, seen by the work wherever it runs now.
+        drop(self.waiting.take());
+    }
+}
+
 enum Handled<B: Body, E> {
     /// The inner service failed.
     Failed(E),

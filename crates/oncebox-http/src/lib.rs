@@ -107,10 +107,9 @@
 //! # Hang-ups, crashes, panics
 //!
 //! A request holds its key with a [`lease`](IdempotencyOptions::lease) (default 30 s),
-//! renewed while its handler runs. Once the key is taken, the handler runs on a tokio
-//! task of its own (`tokio::spawn`, with the request's tracing span), so **a client that
-//! hangs up stops nothing**: the server drops the response future, the handler runs to
-//! its end, and its response is stored as if the client were still there. The client's
+//! renewed while its handler runs. Once the key is taken, **a client that hangs up stops
+//! nothing**: the server drops the response future, the handler goes on in a tokio task
+//! of its own (`tokio::spawn`, with the request's tracing span) and runs to its end, and its response is stored as if the client were still there. The client's
 //! retry gets `409` while the handler runs, then the stored response, and the handler
 //! has run once. A handler still running
 //! [`hang_up_timeout`](IdempotencyOptions::hang_up_timeout) (default 60 s) after its
@@ -135,7 +134,7 @@
 //! as well (the transactional inbox does).
 //!
 //! The inner service must be `Clone + Send + 'static`, with a `Send + 'static` future,
-//! error and response body, for its call to move to the task; axum's routers and
+//! error and response body, for its call to move to a task on a hang-up; axum's routers and
 //! handlers are. Each request takes the clone that was polled ready, as tower services
 //! do.
 //!

@@ -15,6 +15,8 @@ use crate::time::{micros_of, millis_param, ms_since};
 
 /// The inbox's statements, built once per schema.
 pub(crate) struct InboxSql {
+    /// The record's insert up to its values, for [`InboxDialect::begin_recorded`].
+    insert_record: Arc<str>,
     /// `$1` consumer, `$2` id.
     record: Arc<str>,
     /// `$1` consumer, `$2` id → `result`.
@@ -42,13 +44,15 @@ impl InboxSql {
         let t = qualified(schema, "inbox");
         let durable = qualified(schema, "durable_inbox");
         let duplicates = qualified(schema, "inbox_duplicates");
+        let insert_record = format!("INSERT INTO {t} (consumer, message_id, processed_at)");
         Self {
             record: format!(
-                "INSERT INTO {t} (consumer, message_id, processed_at)
+                "{insert_record}
 VALUES ($1, $2, statement_timestamp())
 ON CONFLICT (consumer, message_id) DO NOTHING"
             )
             .into(),
+            insert_record: insert_record.into(),
             stored_result: format!(
                 "SELECT result FROM {t} WHERE consumer = $1 AND message_id = $2"
             )
@@ -133,8 +137,20 @@ ORDER BY consumer COLLATE \"C\"",
 /// result) or rolls back (then one of them inserts). Transactions are PostgreSQL's
 /// default, read committed; the handler runs its queries on `&mut **tx`.
 ///
-/// The consumer name and the message id reach the database as bind parameters only;
-/// sqlx prepares each statement once per connection and caches it.
+/// [`begin_recorded`](oncebox_core::store::InboxStore::begin_recorded), the engine's
+/// first step, sends the record's insert and `BEGIN` as one message (a simple query): a
+/// new id costs the handler's transaction one round trip, not two. The insert runs in
+/// the transaction the `BEGIN` opens, and commits or rolls back with the handler's
+/// effects. It has no `ON CONFLICT`: a recorded id fails it with a unique violation (after
+/// waiting, as above, for a transaction in flight), which ends the message before the
+/// `BEGIN`; then the insert above runs in a transaction of its own making and reads the
+/// first result. So a duplicate costs three round trips, and the server logs its unique
+/// violation as an error, with the statement.
+///
+/// A simple query carries no parameters: that insert holds the consumer name and the id
+/// as hexadecimal digits (`convert_from(decode('…', 'hex'), 'UTF8')`), text that no value
+/// can break out of. Every other statement binds them as parameters; sqlx prepares each
+/// once per connection and caches it.
 ///
 /// The admin's [`consumers`](oncebox_core::consumer::InboxAdmin::consumers) reads, in
 /// one statement, every record of the transactional inbox (from the table or its
@@ -149,6 +165,15 @@ ORDER BY consumer COLLATE \"C\"",
 pub type PgInbox = SqlInbox<PgDialect>;
 
 impl InboxDialect for PgDialect {
+    fn begin_recorded(&self, consumer: &str, id: &str) -> Option<String> {
+        Some(format!(
+            "{insert} VALUES ({consumer}, {id}, statement_timestamp()); BEGIN",
+            insert = self.inbox.insert_record,
+            consumer = text_literal(consumer),
+            id = text_literal(id),
+        ))
+    }
+
     fn record(&self, consumer: &str, id: &str) -> Query<Postgres> {
         query(&self.inbox.record)
             .bind(consumer.to_owned())
@@ -198,8 +223,43 @@ impl InboxDialect for PgDialect {
     }
 }
 
+/// `value` as a text expression whose literal holds hexadecimal digits only: safe in a
+/// statement by construction, whatever `value` holds, and decoded by the server into the
+/// same text a bound parameter would be (a NUL, which text cannot hold, fails it as it
+/// fails a parameter).
+fn text_literal(value: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    const OPEN: &str = "pg_catalog.convert_from(pg_catalog.decode('";
+    const CLOSE: &str = "', 'hex'), 'UTF8')";
+    let mut sql = String::with_capacity(OPEN.len() + 2 * value.len() + CLOSE.len());
+    sql.push_str(OPEN);
+    for byte in value.bytes() {
+        sql.push(char::from(HEX[usize::from(byte >> 4)]));
+        sql.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    sql.push_str(CLOSE);
+    sql
+}
+
 impl std::fmt::Debug for InboxSql {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InboxSql").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_literal;
+
+    #[test]
+    fn text_literals_hold_hex_digits_only() {
+        assert_eq!(
+            text_literal("a'\\é"),
+            "pg_catalog.convert_from(pg_catalog.decode('61275cc3a9', 'hex'), 'UTF8')"
+        );
+        assert_eq!(
+            text_literal(""),
+            "pg_catalog.convert_from(pg_catalog.decode('', 'hex'), 'UTF8')"
+        );
     }
 }

@@ -150,10 +150,12 @@ async fn a_nul_is_a_permanent_error_not_a_stuck_connection() {
     inbox.commit(tx).await.unwrap();
 }
 
-/// The consumer name and the id reach the server as bind parameters only: while the
-/// record's transaction is open, no session's statement text holds either (the server
-/// shows each session's last statement in `pg_stat_activity`), though it does show text
-/// sent in a statement.
+/// The consumer name and the id never reach a statement's text as text: they are bound
+/// as parameters, or, in the message that records and begins at once (a simple query,
+/// which has no parameters), written as hexadecimal digits. While the record's
+/// transaction is open, no session's statement text holds either (the server shows each
+/// session's last statement in `pg_stat_activity`), though it does show text sent in a
+/// statement.
 #[tokio::test]
 async fn consumers_and_ids_never_reach_the_statement_text() {
     let db = TestDb::new().await;
@@ -178,6 +180,18 @@ async fn consumers_and_ids_never_reach_the_statement_text() {
         statements_with_marker().await,
         Vec::<String>::new(),
         "the record's statements hold no outside data"
+    );
+    let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
+    let recording: String = sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND strpos(query, $1) > 0",
+    )
+    .bind(&hex)
+    .fetch_one(db.store.pool())
+    .await
+    .expect("the recording statement, by the id's hex digits");
+    assert!(
+        recording.starts_with("INSERT INTO") && recording.ends_with("; BEGIN"),
+        "{recording}"
     );
     inbox
         .store_result(&mut tx, &consumer, &id, b"result")

@@ -152,14 +152,16 @@ pub(crate) fn inserted<D: Dialect>(
 ) -> Result<bool> {
     match result {
         Ok(done) => Ok(D::rows_affected(&done) > 0),
-        Err(e)
-            if e.as_database_error()
-                .is_some_and(|db| db.is_unique_violation()) =>
-        {
-            Ok(false)
-        }
+        Err(e) if is_unique_violation(&e) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether `error` is the database's refusal of a duplicate key.
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.is_unique_violation())
 }
 
 /// A [`Dialect::text`] column that holds no `NULL`.

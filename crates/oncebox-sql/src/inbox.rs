@@ -13,7 +13,9 @@ use sqlx::{
     Transaction, Type,
 };
 
-use crate::dialect::{Dialect, Field, Query, RowReader, inserted, required_text, row_state};
+use crate::dialect::{
+    Dialect, Field, Query, RowReader, inserted, is_unique_violation, required_text, row_state,
+};
 use crate::durable::decode_received;
 
 /// The statements of the transactional inbox and of the inbox admin on one database.
@@ -26,6 +28,20 @@ pub trait InboxDialect: Dialect {
     /// record already there is left as it is, and the statement either changes no row or
     /// fails on the unique key (then it must leave the transaction usable).
     fn record(&self, consumer: &str, id: &str) -> Query<Self::Db>;
+
+    /// One message that inserts the record of `consumer` processing `id` and begins a
+    /// transaction holding it, so that a new id costs the handler's transaction one
+    /// round trip instead of two; `None` (the default) where the database cannot do both
+    /// at once: then `BEGIN`, then [`record`](Self::record).
+    ///
+    /// The statement must fail with a unique violation and leave no transaction open when
+    /// the record exists (after waiting, like `record`, for a transaction in flight that
+    /// holds it). Its values are written into its text, so it must be safe by
+    /// construction whatever they hold: never escaped strings.
+    fn begin_recorded(&self, consumer: &str, id: &str) -> Option<String> {
+        let _ = (consumer, id);
+        None
+    }
 
     /// Reads the `result` column (bytes, `NULL` for none) of the record of `consumer`
     /// and `id`, as last committed: a statement of its own in read-committed
@@ -148,6 +164,23 @@ where
     for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
     &'static str: ColumnIndex<DB::Row>,
 {
+    async fn begin_recorded(&self, consumer: &str, id: &str) -> Result<(Self::Tx, Recorded)> {
+        D::check(Field::Consumer, consumer)?;
+        D::check(Field::MessageId, id)?;
+        if let Some(statement) = self.dialect.begin_recorded(consumer, id) {
+            match self.pool.begin_with(sqlx::AssertSqlSafe(statement)).await {
+                Ok(tx) => return Ok((tx, Recorded::New)),
+                // Recorded by a committed transaction: `record` below reads its result
+                // (or records the id, if it was purged since).
+                Err(error) if is_unique_violation(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let mut tx = self.begin().await?;
+        let recorded = self.record(&mut tx, consumer, id).await?;
+        Ok((tx, recorded))
+    }
+
     async fn record(&self, tx: &mut Self::Tx, consumer: &str, id: &str) -> Result<Recorded> {
         D::check(Field::Consumer, consumer)?;
         D::check(Field::MessageId, id)?;

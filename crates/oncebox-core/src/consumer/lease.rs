@@ -56,6 +56,8 @@ where
         }
     };
     tokio::select! {
+        // The work first: work done in its first poll never arms the keeper's timer.
+        biased;
         done = work => done,
         lost = keeper => {
             tracing::warn!(%id, "the lease could not be kept; the work was stopped");
