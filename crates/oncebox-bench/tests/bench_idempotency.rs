@@ -15,7 +15,7 @@ fn positive(report: &Value, field: &str) -> f64 {
     value
 }
 
-fn check_http(report: &Value, store: &str) {
+fn check_http(report: &Value, store: &str, rounds: usize) {
     assert_eq!(report["bench"], "http");
     assert_eq!(report["store"], store);
     let bare = positive(report, "bare_requests_per_s");
@@ -30,21 +30,21 @@ fn check_http(report: &Value, store: &str) {
         "{report}"
     );
     // One run of each variant per round.
-    assert_eq!(report["runs"].as_array().map(Vec::len), Some(3), "{report}");
+    assert_eq!(
+        report["runs"].as_array().map(Vec::len),
+        Some(3 * rounds),
+        "{report}"
+    );
 }
 
+/// With its documented defaults but the size: three rounds, and the memory a key costs.
 #[test]
 fn bench_http_memory() {
-    let report = bench(&[
-        "http",
-        "--store",
-        "memory",
-        "--requests",
-        "300",
-        "--rounds",
-        "1",
-    ]);
-    check_http(&report, "memory");
+    let report = bench(&["http", "--store", "memory", "--requests", "300"]);
+    check_http(&report, "memory", 3);
+    // The warm-up's keys and each round's: a first request and its replay share one.
+    assert_eq!(report["keys_held"], 4 * 300, "{report}");
+    assert!(report["bytes_per_key"].as_f64().is_some(), "{report}");
 }
 
 #[test]
@@ -59,7 +59,7 @@ fn bench_http_redis_layered() {
         "--rounds",
         "1",
     ]);
-    check_http(&report, "redis");
+    check_http(&report, "redis", 1);
     assert_eq!(report["layered"], true);
 }
 

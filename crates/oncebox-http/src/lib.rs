@@ -63,6 +63,13 @@
 //! | `MySqlDedupStore` | `oncebox-mysql` | shared, durable |
 //! | `RedisDedupStore` | `oncebox-redis` | shared, fast, as durable as Redis is configured |
 //!
+//! A key's record holds the request's fingerprint and the whole response (status, the
+//! replayed headers, at most
+//! [`max_response_bytes`](IdempotencyOptions::max_response_bytes) of body) for the
+//! [`ttl`](IdempotencyOptions::ttl). In memory the store's capacity bounds the keys held,
+//! and so the memory: a full store answers `503` rather than forget a live key (what a
+//! key costs is measured in `docs/benchmarks.md`, with `oncebox-bench http`).
+//!
 //! # Scope and fingerprint
 //!
 //! A key is scoped by the request's [`Principal`], the method, and the route.

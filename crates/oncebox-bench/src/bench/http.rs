@@ -95,6 +95,13 @@ struct HttpReport {
     replay_requests_per_s: f64,
     /// `replay_requests_per_s / bare_requests_per_s`.
     replay_ratio: f64,
+    /// In memory: the process's resident memory grown over the run, divided by the keys
+    /// the store held at its end (each with its stored response), in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_per_key: Option<f64>,
+    /// In memory: the keys the store held at the end of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys_held: Option<usize>,
     runs: Vec<HttpRun>,
 }
 
@@ -113,6 +120,7 @@ pub(crate) async fn run(mut args: HttpArgs) -> anyhow::Result<ExitCode> {
     )
     .unwrap_or(usize::MAX);
     let store = BenchStore::open(&args.stores, capacity).await?;
+    let resident_before = crate::chaos::rss_kib(std::process::id());
     let body = async {
         match &store {
             BenchStore::Memory(memory) => with_store(Arc::clone(memory), &args, capacity).await,
@@ -124,9 +132,22 @@ pub(crate) async fn run(mut args: HttpArgs) -> anyhow::Result<ExitCode> {
         result = body => result,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
+    let held = match &store {
+        BenchStore::Memory(memory) => Some(memory.len()),
+        _ => None,
+    };
+    let resident_after = crate::chaos::rss_kib(std::process::id());
     let cleanup = store.close().await;
-    let report = result?;
+    let mut report = result?;
     cleanup.context("cleaning up after the benchmark")?;
+    if let Some(held) = held {
+        report.keys_held = Some(held);
+        if let (Some(before), Some(after)) = (resident_before, resident_after)
+            && held > 0
+        {
+            report.bytes_per_key = Some(after.saturating_sub(before) as f64 * 1024.0 / held as f64);
+        }
+    }
     if args.stores.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -176,6 +197,9 @@ fn print(report: &HttpReport) {
         "  replays          {:>10.0} req/s   ratio {:.3}",
         report.replay_requests_per_s, report.replay_ratio
     );
+    if let (Some(bytes), Some(keys)) = (report.bytes_per_key, report.keys_held) {
+        println!("  memory           {bytes:>10.0} B a key ({keys} keys held)");
+    }
 }
 
 /// The handler: reads the body, answers `201` with a small JSON document.
@@ -273,6 +297,8 @@ async fn measure<S: DedupStore + 'static>(store: S, args: &HttpArgs) -> anyhow::
         ratio: ratio(first),
         replay_requests_per_s: replay,
         replay_ratio: ratio(replay),
+        bytes_per_key: None,
+        keys_held: None,
         runs,
     })
 }

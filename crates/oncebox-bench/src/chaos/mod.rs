@@ -50,6 +50,8 @@ mod soak;
 mod strike;
 mod topic;
 
+pub(crate) use soak::rss_kib;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;

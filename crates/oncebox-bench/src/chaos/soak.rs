@@ -249,11 +249,7 @@ fn judge(samples: &[Sample], pool_size: u64) -> Vec<String> {
 
 /// Reads the sample of one process from `/proc`; `None` if it is gone.
 fn sample(at_s: f64, usage: &Usage) -> Option<Sample> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", usage.pid)).ok()?;
-    let rss_kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())?;
+    let rss_kib = rss_kib(usage.pid)?;
     let fds = std::fs::read_dir(format!("/proc/{}/fd", usage.pid))
         .ok()?
         .count() as u64;
@@ -264,6 +260,15 @@ fn sample(at_s: f64, usage: &Usage) -> Option<Sample> {
         fds,
         db_connections: usage.db_connections as u64,
     })
+}
+
+/// The resident set size (`VmRSS`) of process `pid`, in KiB; `None` if it is gone.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 fn mib(kib: u64) -> f64 {
