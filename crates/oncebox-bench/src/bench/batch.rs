@@ -19,7 +19,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::backend::Backend;
-use super::measure::{Run, Side};
+use super::measure::{Run, Side, ratio};
 use super::{DEFAULT_PG_URL, StoreKind, backend, workload};
 
 /// Flags of `oncebox-bench batch`.
@@ -180,11 +180,7 @@ async fn measure<B: Backend>(backend: &B, args: &BatchArgs) -> anyhow::Result<Ba
         transactions: args.transactions,
         one_by_one_tx_per_s: one_by_one,
         batched_tx_per_s: batched,
-        ratio: if one_by_one > 0.0 {
-            batched / one_by_one
-        } else {
-            0.0
-        },
+        ratio: ratio(batched, one_by_one),
         runs,
     })
 }

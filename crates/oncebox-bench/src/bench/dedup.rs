@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::measure::{highest, per_second, ratio};
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use oncebox::memory::{LayeredDedupStore, MemoryDedupStore};
@@ -415,15 +416,6 @@ where
     Ok(start.elapsed())
 }
 
-fn per_second(ops: u64, elapsed: Duration) -> f64 {
-    let seconds = elapsed.as_secs_f64();
-    if seconds > 0.0 {
-        ops as f64 / seconds
-    } else {
-        0.0
-    }
-}
-
 async fn measure<S, B>(
     store: &S,
     baseline: Arc<B>,
@@ -511,12 +503,7 @@ where
         .await?;
         runs.push(pass("layered checks", round, ops, elapsed));
     }
-    let best = |what: &str| {
-        runs.iter()
-            .filter(|p| p.what == what)
-            .map(|p| p.ops_per_s)
-            .fold(0.0, f64::max)
-    };
+    let best = |what: &str| highest(&runs, |p| (p.what == what).then_some(p.ops_per_s));
     let cycles = best("cycles");
     let baseline = best("baseline");
     Ok(DedupReport {
@@ -529,11 +516,7 @@ where
         layered_checks_per_s: best("layered checks"),
         baseline_per_s: baseline,
         baseline: baseline_name,
-        ratio: if baseline > 0.0 {
-            cycles / baseline
-        } else {
-            0.0
-        },
+        ratio: ratio(cycles, baseline),
         ns_per_check: None,
         runs,
     })

@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use super::backend::Backend as _;
 use super::backend::postgres::PgBench;
 use super::backend::redact;
-use super::measure::{Run, Side, best};
+use super::measure::{Run, Side, best, ratio};
 use super::workload;
 
 /// Ordering keys the messages are spread over.
@@ -150,7 +150,7 @@ async fn measure(bench: &PgBench, args: &EnqueueArgs) -> anyhow::Result<EnqueueR
         row_tx_per_s: row,
         message_tx_per_s: message,
         bare_tx_per_s: best(&runs, Side::Bare),
-        ratio: if row > 0.0 { message / row } else { 0.0 },
+        ratio: ratio(message, row),
         runs,
     })
 }

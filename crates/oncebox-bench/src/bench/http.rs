@@ -30,6 +30,7 @@ use oncebox::store::DedupStore;
 use serde::Serialize;
 
 use super::dedup::{BenchStore, DedupStoreKind, StoreArgs};
+use super::measure::{highest, per_second, ratio};
 
 /// Flags of `oncebox-bench http`.
 #[derive(Debug, Clone, Args)]
@@ -274,17 +275,15 @@ async fn measure<S: DedupStore + 'static>(store: S, args: &HttpArgs) -> anyhow::
     layered_task.abort();
     let runs = result?;
     let best = |variant: Variant| {
-        runs.iter()
-            .filter(|r| r.variant == variant)
-            .map(|r| r.requests_per_s)
-            .fold(0.0, f64::max)
+        highest(&runs, |r| {
+            (r.variant == variant).then_some(r.requests_per_s)
+        })
     };
     let (bare, first, replay) = (
         best(Variant::Bare),
         best(Variant::First),
         best(Variant::Replay),
     );
-    let ratio = |x: f64| if bare > 0.0 { x / bare } else { 0.0 };
     Ok(HttpReport {
         bench: "http",
         store: args.stores.store,
@@ -294,22 +293,13 @@ async fn measure<S: DedupStore + 'static>(store: S, args: &HttpArgs) -> anyhow::
         body_bytes: args.body_bytes,
         bare_requests_per_s: bare,
         requests_per_s: first,
-        ratio: ratio(first),
+        ratio: ratio(first, bare),
         replay_requests_per_s: replay,
-        replay_ratio: ratio(replay),
+        replay_ratio: ratio(replay, bare),
         bytes_per_key: None,
         keys_held: None,
         runs,
     })
-}
-
-fn per_second(count: u64, elapsed: Duration) -> f64 {
-    let seconds = elapsed.as_secs_f64();
-    if seconds > 0.0 {
-        count as f64 / seconds
-    } else {
-        0.0
-    }
 }
 
 /// The client side: `requests` POSTs with `concurrency` in flight.

@@ -150,10 +150,18 @@ pub(crate) struct Comparison {
 
 /// The best throughput of `side`'s runs in `runs` (0 if it never ran).
 pub(crate) fn best(runs: &[Run], side: Side) -> f64 {
-    runs.iter()
-        .filter(|run| run.side == side)
-        .map(|run| run.msgs_per_s)
-        .fold(0.0, f64::max)
+    highest(runs, |run| (run.side == side).then_some(run.msgs_per_s))
+}
+
+/// The highest of the rates `rate` reads from `runs`, skipping the runs it gives none
+/// (0 if it gives none at all).
+pub(crate) fn highest<T>(runs: &[T], rate: impl Fn(&T) -> Option<f64>) -> f64 {
+    runs.iter().filter_map(rate).fold(0.0, f64::max)
+}
+
+/// `part / whole`, 0 if `whole` never ran (is not positive).
+pub(crate) fn ratio(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 { part / whole } else { 0.0 }
 }
 
 impl Comparison {
@@ -161,15 +169,10 @@ impl Comparison {
     pub(crate) fn best_of(runs: &[Run]) -> Self {
         let engine = best(runs, Side::Engine);
         let baseline = best(runs, Side::Baseline);
-        let ratio = if baseline > 0.0 {
-            engine / baseline
-        } else {
-            0.0
-        };
         Self {
             engine,
             baseline,
-            ratio,
+            ratio: ratio(engine, baseline),
         }
     }
 }

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use super::backend::Backend;
 use super::backend::postgres::PgBench;
+use super::measure::{highest, ratio};
 use super::transport::BenchTransport;
 use super::{RelayArgs, StoreKind, TransportKind};
 
@@ -143,10 +144,9 @@ pub(crate) async fn run<T: BenchTransport>(
     }
     pg.reset_outbox().await?;
     let best = |processes: u32| {
-        runs.iter()
-            .filter(|run| run.processes == processes)
-            .map(|run| run.msgs_per_s)
-            .fold(0.0, f64::max)
+        highest(&runs, |run| {
+            (run.processes == processes).then_some(run.msgs_per_s)
+        })
     };
     let first = best(counts[0]);
     Ok(ProcessesReport {
@@ -161,11 +161,7 @@ pub(crate) async fn run<T: BenchTransport>(
             .map(|&processes| Count {
                 processes,
                 msgs_per_s: best(processes),
-                ratio: if first > 0.0 {
-                    best(processes) / first
-                } else {
-                    0.0
-                },
+                ratio: ratio(best(processes), first),
             })
             .collect(),
         runs,
@@ -257,17 +253,9 @@ impl Relays {
 
     /// SIGTERM to every relay, SIGKILL to those still running after 10 s.
     fn stop(&mut self) {
-        for child in &self.0 {
-            // One that exited already is waited for below.
-            let _ = crate::chaos::fleet::signal(child, "TERM");
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for child in &mut self.0 {
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        self.kill();
+        let mut children: Vec<&mut Child> = self.0.iter_mut().collect();
+        crate::chaos::fleet::terminate(&mut children, Duration::from_secs(10));
+        self.0.clear();
     }
 
     fn kill(&mut self) {

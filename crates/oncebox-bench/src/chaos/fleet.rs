@@ -297,16 +297,9 @@ impl Fleet {
             for route in member.routes() {
                 route.restore();
             }
-            let _ = signal(&member.child, "TERM");
         }
-        let deadline = Instant::now() + grace;
-        for member in &mut self.members {
-            while matches!(member.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = member.child.kill();
-            let _ = member.child.wait();
-        }
+        let mut children: Vec<&mut Child> = self.members.iter_mut().map(|m| &mut m.child).collect();
+        terminate(&mut children, grace);
     }
 
     /// The directory of the logs.
@@ -416,6 +409,23 @@ pub(crate) fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
         .status()
         .context("running kill")?;
     Ok(())
+}
+
+/// SIGTERM to every child, then SIGKILL to those still running after `grace`; each one
+/// is waited for.
+pub(crate) fn terminate(children: &mut [&mut Child], grace: Duration) {
+    for child in children.iter() {
+        // One that exited already is waited for below.
+        let _ = signal(child, "TERM");
+    }
+    let deadline = Instant::now() + grace;
+    for child in children.iter_mut() {
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 #[cfg(test)]
