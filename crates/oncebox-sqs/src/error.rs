@@ -135,6 +135,12 @@ pub(crate) fn is_no_queue(code: &str) -> bool {
     NO_QUEUE.contains(&code)
 }
 
+/// Whether a request failed because its queue does not exist.
+pub(crate) fn names_no_queue<E: ProvideErrorMetadata>(error: &SdkError<E, HttpResponse>) -> bool {
+    matches!(error, SdkError::ServiceError(service)
+        if service.err().code().is_some_and(is_no_queue))
+}
+
 /// Whether an entry's or a request's error code may pass when retried.
 pub(crate) fn code_is_transient(code: &str) -> bool {
     TRANSIENT_CODES.contains(&code) || code.starts_with("KmsThrottl") || code.contains("Throttl")

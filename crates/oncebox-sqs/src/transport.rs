@@ -11,7 +11,7 @@ use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 use oncebox_core::wire::WireFormat;
 use oncebox_core::{Error, Result};
 
-use crate::error::sdk;
+use crate::error::{names_no_queue, sdk};
 use crate::names;
 use crate::options::{SqsOptions, invalid, seconds};
 use crate::{SqsPublisher, SqsSubscriber};
@@ -197,6 +197,66 @@ impl SqsTransport {
             None => None,
         };
         self.create_queue(&queue, settings, redrive).await
+    }
+
+    /// Looks `topic`'s queue up on the server and returns its URL: by name, or for a
+    /// queue given by URL, by reading one of its attributes. It tells whether the queue
+    /// exists and these credentials reach it; nothing is created.
+    ///
+    /// # Errors
+    ///
+    /// [`SqsError::NoQueue`](crate::SqsError::NoQueue) (transient) when it does not
+    /// exist; other transport errors as their class says.
+    pub async fn find_queue(&self, topic: &str) -> Result<String> {
+        let queue = self.shared.options.queue_of(topic)?;
+        let client = &self.shared.client;
+        if names::is_url(&queue) {
+            client
+                .get_queue_attributes()
+                .queue_url(&queue)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| sdk("reading a queue's attributes", &queue, e))?;
+            return Ok(queue);
+        }
+        // Looked up again, not taken from what this client remembers.
+        self.urls().remove(&queue);
+        self.queue_url(&queue).await
+    }
+
+    /// Deletes `topic`'s queue and its dead-letter queue, as
+    /// [`ensure_queue`](Self::ensure_queue) makes them, with the messages they hold. A
+    /// queue that does not exist is no error. Queues given by URL are not deleted:
+    /// they are someone else's to manage.
+    ///
+    /// SQS forbids a queue of the same name for 60 seconds after its deletion.
+    ///
+    /// # Errors
+    ///
+    /// Transport errors.
+    pub async fn delete_queues(&self, topic: &str) -> Result<()> {
+        let queue = self.shared.options.queue_of(topic)?;
+        if names::is_url(&queue) {
+            return Ok(());
+        }
+        let dead = names::dead_letter_queue(&queue, &self.shared.options.dead_letter_suffix);
+        let client = &self.shared.client;
+        for name in [queue, dead] {
+            self.urls().remove(&name);
+            let url = match client.get_queue_url().queue_name(&name).send().await {
+                Ok(found) => found.queue_url().map(str::to_owned),
+                Err(error) if names_no_queue(&error) => None,
+                Err(error) => return Err(sdk("looking up a queue", &name, error)),
+            };
+            let Some(url) = url else { continue };
+            match client.delete_queue().queue_url(url).send().await {
+                Ok(_) => {}
+                Err(error) if names_no_queue(&error) => {}
+                Err(error) => return Err(sdk("deleting a queue", &name, error)),
+            }
+        }
+        Ok(())
     }
 
     async fn create_queue(

@@ -267,3 +267,38 @@ async fn missing_queues_and_servers_are_transient() {
     let error = nowhere.subscriber("orders").await.unwrap_err();
     assert!(error.is_outage(), "{error}");
 }
+
+/// `delete_queues` removes what `ensure_queue` made, the dead-letter queue included, and
+/// `find_queue` then says the queue is gone; a second deletion, with nothing left to
+/// delete, is no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_queues_are_gone_and_deleting_again_is_no_error() {
+    let harness = SqsHarness::new(true).await;
+    let topic = harness
+        .topic("deleted", &QueueSettings::new())
+        .await
+        .unwrap();
+    let queue = harness.transport.options().queue_of(&topic).unwrap();
+    let client = harness.transport.client();
+    let names = || async {
+        let listed = client
+            .list_queues()
+            .queue_name_prefix(queue.trim_end_matches(".fifo"))
+            .send()
+            .await
+            .unwrap();
+        listed.queue_urls().len()
+    };
+    assert_eq!(names().await, 2, "the queue and its dead-letter queue");
+    let url = harness.transport.find_queue(&topic).await.unwrap();
+    assert!(url.ends_with(&queue), "{url}");
+
+    harness.transport.delete_queues(&topic).await.unwrap();
+    assert_eq!(names().await, 0);
+    let error = harness.transport.find_queue(&topic).await.unwrap_err();
+    assert!(
+        matches!(sqs_error(&error), SqsError::NoQueue { .. }),
+        "{error}"
+    );
+    harness.transport.delete_queues(&topic).await.unwrap();
+}

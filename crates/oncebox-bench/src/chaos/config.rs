@@ -6,7 +6,18 @@ use super::{ChaosArgs, LEASE};
 /// The connections each relay and payment process may hold (its `store.pool_size`).
 pub(super) const POOL_SIZE: u32 = 8;
 
-/// The configuration file of the relays and the payment processes.
+/// The run's topic on the broker, where the relays publish the order events: on SQS a
+/// FIFO queue (its name says so), whose message groups keep each customer's order.
+pub(super) fn run_topic(broker: &str, schema: &str) -> String {
+    if broker == "sqs" {
+        format!("{schema}-orders.fifo")
+    } else {
+        format!("{schema}-orders")
+    }
+}
+
+/// The configuration file of the relays and the payment processes, and the broker's
+/// kind.
 pub(super) fn config_toml(
     args: &ChaosArgs,
     schema: &str,
@@ -31,7 +42,10 @@ pub(super) fn config_toml(
             };
             ("redis", format!("key_prefix = \"{schema}:\"\n{cluster}"))
         }
-        _ => anyhow::bail!("--broker-url: nats://, amqp://, kafka:// or redis://, not {scheme}://"),
+        "sqs" => ("sqs", String::new()),
+        _ => anyhow::bail!(
+            "--broker-url: nats://, amqp://, kafka://, redis:// or sqs://, not {scheme}://"
+        ),
     };
     anyhow::ensure!(
         broker == "nats" || args.stream_replicas == 1,
@@ -44,6 +58,7 @@ pub(super) fn config_toml(
     let password = password.map_or_else(String::new, |p| format!("password = {p:?}\n"));
     // The slot and its publication are named after the run's schema.
     let (mode, cdc) = args.relay.config(schema);
+    let topic = run_topic(broker, schema);
     let toml = format!(
         r#"[store]
 url = "{store_url}"
@@ -54,7 +69,7 @@ pool_size = {POOL_SIZE}
 url = "{broker_url}"
 {password}{isolation}
 [topics]
-orders = "{schema}-orders"
+orders = "{topic}"
 
 [relay]
 mode = "{mode}"

@@ -14,6 +14,8 @@ use oncebox::{Bytes, Error, Message, Received, Result};
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
+use super::report::Published;
+
 /// The topic of the order events.
 pub(crate) const TOPIC: &str = "orders";
 
@@ -208,6 +210,39 @@ pub(crate) struct Ledger {
     /// customer (with several payment processes on a broker that hands a key's messages
     /// to any of them, arrival order is the broker's, not the relay's).
     pub(crate) charged_out_of_order: u64,
+}
+
+/// What reached the payment service, read from its side, for a broker the audit cannot
+/// read back (SQS, whose queue the payment processes consume and delete): the orders
+/// found are the committed orders charged, those out of order the charges that came
+/// before an earlier order of their customer, the duplicates those the inbox of `group`
+/// skipped, and an order the database does not have one charged all the same.
+/// Unreadable messages are dead-lettered by the payment service, not counted here.
+pub(crate) async fn delivered(
+    store: &PgStore,
+    group: &str,
+    ledger: &Ledger,
+) -> anyhow::Result<Published> {
+    let schema = store.schema();
+    let (skipped, phantoms): (Option<i64>, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        r#"SELECT
+             (SELECT sum(skipped)::bigint FROM "{schema}".inbox_duplicates WHERE consumer = $1),
+             (SELECT count(DISTINCT c.order_id) FROM "{schema}".charges c
+              WHERE NOT EXISTS (SELECT FROM "{schema}".orders o WHERE o.id = c.order_id))"#
+    )))
+    .bind(group)
+    .fetch_one(store.pool())
+    .await
+    .context("reading what reached the payment service")?;
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(Published {
+        orders: ledger.charged_once + ledger.charged_twice,
+        duplicates: count(skipped.unwrap_or(0)),
+        missing: ledger.never_charged,
+        out_of_order: ledger.charged_out_of_order,
+        unreadable: 0,
+        not_in_database: count(phantoms),
+    })
 }
 
 /// Counts the charges of every order.

@@ -72,8 +72,8 @@ pub(crate) async fn read_back(
     Ok(published)
 }
 
-/// Kafka's topics are not created by publishing to them: the run's is made here, with
-/// partitions for the customers to spread over.
+/// Kafka's topics and SQS's queues are not created by publishing to them: the run's
+/// is made here, a Kafka topic with partitions for the customers to spread over.
 pub(crate) async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result<()> {
     #[cfg(feature = "kafka")]
     if let Broker::Kafka(options) = broker {
@@ -82,12 +82,20 @@ pub(crate) async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result
             .await
             .with_context(|| format!("creating topic {topic}"))?;
     }
+    #[cfg(feature = "sqs")]
+    if let Broker::Sqs(transport) = broker {
+        transport
+            .ensure_queue(topic, &oncebox::sqs::QueueSettings::new())
+            .await
+            .with_context(|| format!("creating the queues of {topic}"))?;
+    }
     let _ = (broker, topic);
     Ok(())
 }
 
 /// Removes what the run made on the broker at `url`: the NATS stream, the Kafka topic,
-/// the Redis streams, or RabbitMQ's exchange and the queues of `groups`.
+/// the Redis streams, SQS's queue and dead-letter queue, or RabbitMQ's exchange and the
+/// queues of `groups`.
 pub(crate) async fn remove_topic(
     broker: &Broker,
     url: &str,
@@ -113,6 +121,11 @@ pub(crate) async fn remove_topic(
                 .await
                 .with_context(|| format!("deleting topic {topic}"))?;
         }
+        #[cfg(feature = "sqs")]
+        Broker::Sqs(transport) => transport
+            .delete_queues(topic)
+            .await
+            .with_context(|| format!("deleting the queues of {topic}"))?,
         #[cfg(feature = "nats")]
         Broker::Nats(transport) => {
             oncebox::nats::async_nats::jetstream::new(transport.client().clone())

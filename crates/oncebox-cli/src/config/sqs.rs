@@ -33,6 +33,10 @@ fn is_queue_name(name: &str) -> bool {
 
 /// Checks a `[topics]` destination of SQS: a queue name or an `https://` (or `http://`)
 /// queue URL.
+///
+/// SQS's naming rule is `oncebox-sqs`'s too; it is written again here because a
+/// configuration is checked by every build, also those without the feature `sqs` (and
+/// so without that crate).
 pub(crate) fn check_queue(queue: &str) -> Result<(), String> {
     if queue.starts_with("https://") || queue.starts_with("http://") {
         let name = queue

@@ -173,12 +173,6 @@ async fn kafka_topics(config: &Config, options: &oncebox::kafka::KafkaOptions) -
 /// read by URL). The services create no queue.
 #[cfg(feature = "sqs")]
 async fn sqs_queues(config: &Config, transport: &oncebox::sqs::SqsTransport) -> Vec<Check> {
-    use oncebox::sqs::aws_sdk_sqs::error::DisplayErrorContext;
-    use oncebox::sqs::aws_sdk_sqs::types::QueueAttributeName;
-    fn text(error: impl std::error::Error) -> String {
-        DisplayErrorContext(error).to_string()
-    }
-    let client = transport.client();
     let mut checks = Vec::new();
     for topic in named_destinations(config) {
         let queue = match transport.options().queue_of(&topic) {
@@ -188,19 +182,9 @@ async fn sqs_queues(config: &Config, transport: &oncebox::sqs::SqsTransport) -> 
                 continue;
             }
         };
-        let lookup = async {
-            if queue.starts_with("https://") || queue.starts_with("http://") {
-                let read = client.get_queue_attributes().queue_url(&queue);
-                let read = read.attribute_names(QueueAttributeName::QueueArn);
-                read.send().await.map(drop).map_err(text)
-            } else {
-                let looked_up = client.get_queue_url().queue_name(&queue).send().await;
-                looked_up.map(drop).map_err(text)
-            }
-        };
-        let found = tokio::time::timeout(TIMEOUT, lookup).await;
+        let found = tokio::time::timeout(TIMEOUT, transport.find_queue(&topic)).await;
         checks.push(match found {
-            Ok(Ok(())) => Check::pass("queue", format!("{queue} exists (topic {topic})")),
+            Ok(Ok(_)) => Check::pass("queue", format!("{queue} exists (topic {topic})")),
             Ok(Err(error)) => Check::fail(
                 "queue",
                 format!("queue {queue} of topic {topic} cannot be found: {error}"),

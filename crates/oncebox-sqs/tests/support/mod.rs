@@ -85,22 +85,8 @@ impl SqsHarness {
     pub async fn cleanup(&self) {
         let topics =
             std::mem::take(&mut *self.topics.lock().unwrap_or_else(PoisonError::into_inner));
-        let client = self.transport.client();
         for topic in topics {
-            let Ok(queue) = self.transport.options().queue_of(&topic) else {
-                continue;
-            };
-            let dead = match queue.strip_suffix(".fifo") {
-                Some(base) => format!("{base}-dlq.fifo"),
-                None => format!("{queue}-dlq"),
-            };
-            for name in [queue, dead] {
-                if let Ok(url) = client.get_queue_url().queue_name(&name).send().await
-                    && let Some(url) = url.queue_url()
-                {
-                    let _ = client.delete_queue().queue_url(url).send().await;
-                }
-            }
+            let _ = self.transport.delete_queues(&topic).await;
         }
     }
 }
