@@ -117,8 +117,8 @@ where
         if self.polling {
             return;
         }
-        // Without a runtime (it is shutting down) the work is dropped: its key is freed
-        // by its lease.
+        // Without a runtime here, or on one shutting down (which drops what is spawned
+        // on it), the work is dropped with no answer: its key is freed by its lease.
         if let (Some(work), Ok(runtime)) = (self.work.take(), Handle::try_current()) {
             runtime.spawn(work);
         }

@@ -145,7 +145,9 @@ ORDER BY consumer COLLATE \"C\"",
 /// waiting, as above, for a transaction in flight), which ends the message before the
 /// `BEGIN`; then the insert above runs in a transaction of its own making and reads the
 /// first result. So a duplicate costs three round trips, and the server logs its unique
-/// violation as an error, with the statement.
+/// violation as an error, with the statement and, as for any unique violation, the key's
+/// values in its detail. The message runs to its end in a task of its own: a caller
+/// that stops waiting leaves no transaction open on a pooled connection.
 ///
 /// A simple query carries no parameters: that insert holds the consumer name and the id
 /// as hexadecimal digits (`convert_from(decode('…', 'hex'), 'UTF8')`), text that no value

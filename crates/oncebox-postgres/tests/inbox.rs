@@ -150,6 +150,39 @@ async fn a_nul_is_a_permanent_error_not_a_stuck_connection() {
     inbox.commit(tx).await.unwrap();
 }
 
+/// A caller that stops waiting for `begin_recorded` while its statement runs (here, while
+/// it waits for a transaction holding the same id) leaves nothing in the pool: once the
+/// holder rolls back, the statement inserts the record and begins a transaction, and
+/// that transaction is rolled back, not committed by the pool's next user.
+#[tokio::test]
+async fn a_record_given_up_on_leaves_no_transaction_in_the_pool() {
+    let db = TestDb::with_connections(2).await;
+    let inbox: PgInbox = db.store.inbox();
+    let (holder, _) = inbox.begin_recorded(CONSUMER, "contended").await.unwrap();
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        inbox.begin_recorded(CONSUMER, "contended"),
+    )
+    .await;
+    assert!(given_up.is_err(), "the second record waits for the first");
+    holder.rollback().await.unwrap();
+    // The given-up statement goes on on the server: its insert, then its BEGIN.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The pool's next users, on both of its connections, commit work of their own.
+    let mut first = db.store.pool().begin().await.unwrap();
+    let mut second = db.store.pool().begin().await.unwrap();
+    for tx in [&mut first, &mut second] {
+        sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
+    }
+    first.commit().await.unwrap();
+    second.commit().await.unwrap();
+    assert_eq!(
+        records(&db, "contended").await,
+        0,
+        "the given-up record was committed by the pool's next user"
+    );
+}
+
 /// The consumer name and the id never reach a statement's text as text: they are bound
 /// as parameters, or, in the message that records and begins at once (a simple query,
 /// which has no parameters), written as hexadecimal digits. While the record's

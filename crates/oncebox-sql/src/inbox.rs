@@ -168,7 +168,26 @@ where
         D::check(Field::Consumer, consumer)?;
         D::check(Field::MessageId, id)?;
         if let Some(statement) = self.dialect.begin_recorded(consumer, id) {
-            match self.pool.begin_with(sqlx::AssertSqlSafe(statement)).await {
+            // In a task of its own: a caller that stops waiting (a consumer stopped, a
+            // timeout) would otherwise put the connection back in the pool inside the
+            // transaction the statement began, holding the record, for the pool's next
+            // user to commit. The task runs the statement to its end, and a transaction
+            // nobody takes is rolled back as it is dropped.
+            let pool = self.pool.clone();
+            let begin =
+                tokio::spawn(async move { pool.begin_with(sqlx::AssertSqlSafe(statement)).await });
+            let begun = match begin.await {
+                Ok(begun) => begun,
+                Err(stopped) if stopped.is_panic() => {
+                    std::panic::resume_unwind(stopped.into_panic())
+                }
+                Err(_) => {
+                    return Err(Error::store_outage(
+                        "the runtime stopped while the inbox record was written",
+                    ));
+                }
+            };
+            match begun {
                 Ok(tx) => return Ok((tx, Recorded::New)),
                 // Recorded by a committed transaction: `record` below reads its result
                 // (or records the id, if it was purged since).

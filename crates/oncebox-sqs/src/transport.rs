@@ -228,7 +228,9 @@ impl SqsTransport {
     /// Deletes `topic`'s queue and its dead-letter queue, as
     /// [`ensure_queue`](Self::ensure_queue) makes them, with the messages they hold. A
     /// queue that does not exist is no error. Queues given by URL are not deleted:
-    /// they are someone else's to manage.
+    /// they are someone else's to manage. A topic without a queue of its own (one that
+    /// falls to [`default_queue`](crate::SqsOptions::default_queue)) deletes the shared
+    /// queue: delete only the topics whose queues you made.
     ///
     /// SQS forbids a queue of the same name for 60 seconds after its deletion.
     ///

@@ -519,7 +519,9 @@ async fn run_in(
     // SQS has no consumer groups: the payment processes delete what they consume, and
     // what reached them is read from their side.
     let published = if broker.kind() == "sqs" {
-        shop::delivered(store, &payments_group, &ledger).await?
+        let mut delivered = shop::delivered(store, &payments_group, &ledger).await?;
+        delivered.unreadable = topic::dead_lettered(&broker, &topic).await?;
+        delivered
     } else {
         read_back(&broker, &topic, &audit_group, &committed).await?
     };

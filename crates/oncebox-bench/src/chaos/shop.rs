@@ -216,8 +216,9 @@ pub(crate) struct Ledger {
 /// read back (SQS, whose queue the payment processes consume and delete): the orders
 /// found are the committed orders charged, those out of order the charges that came
 /// before an earlier order of their customer, the duplicates those the inbox of `group`
-/// skipped, and an order the database does not have one charged all the same.
-/// Unreadable messages are dead-lettered by the payment service, not counted here.
+/// skipped, and an order the database does not have one charged all the same. The
+/// messages that are not orders, which the payment service dead-letters, are left for
+/// the caller to count.
 pub(crate) async fn delivered(
     store: &PgStore,
     group: &str,

@@ -72,6 +72,22 @@ pub(crate) async fn read_back(
     Ok(published)
 }
 
+/// How many messages the payment service dead-lettered on SQS, where the audit has no
+/// reader of its own: what it could not read as an order (0 elsewhere, where the reader
+/// counts them on the topic).
+pub(crate) async fn dead_lettered(broker: &Broker, topic: &str) -> anyhow::Result<u64> {
+    #[cfg(feature = "sqs")]
+    if let Broker::Sqs(transport) = broker {
+        let letters = transport
+            .dead_letters(topic, 10_000)
+            .await
+            .with_context(|| format!("reading the dead letters of {topic}"))?;
+        return Ok(letters.len() as u64);
+    }
+    let _ = (broker, topic);
+    Ok(0)
+}
+
 /// Kafka's topics and SQS's queues are not created by publishing to them: the run's
 /// is made here, a Kafka topic with partitions for the customers to spread over.
 pub(crate) async fn create_topic(broker: &Broker, topic: &str) -> anyhow::Result<()> {
