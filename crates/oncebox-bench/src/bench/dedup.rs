@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::measure::{highest, per_second, ratio};
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use oncebox::memory::{LayeredDedupStore, MemoryDedupStore};
@@ -21,6 +20,8 @@ use oncebox::postgres::{PgDedupStore, PgStore};
 use oncebox::redis::RedisDedupStore;
 use oncebox::store::{Begin, DedupStore};
 use serde::Serialize;
+
+use super::measure::{highest, per_second, ratio};
 
 /// The Redis server used when neither `--redis-url` nor `ONCEBOX_REDIS_URL` is set.
 pub(crate) const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";

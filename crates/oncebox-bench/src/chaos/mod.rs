@@ -519,9 +519,8 @@ async fn run_in(
     // SQS has no consumer groups: the payment processes delete what they consume, and
     // what reached them is read from their side.
     let published = if broker.kind() == "sqs" {
-        let mut delivered = shop::delivered(store, &payments_group, &ledger).await?;
-        delivered.unreadable = topic::dead_lettered(&broker, &topic).await?;
-        delivered
+        let unreadable = topic::dead_lettered(&broker, &topic).await?;
+        shop::delivered(store, &payments_group, &ledger, unreadable).await?
     } else {
         read_back(&broker, &topic, &audit_group, &committed).await?
     };

@@ -216,13 +216,14 @@ pub(crate) struct Ledger {
 /// read back (SQS, whose queue the payment processes consume and delete): the orders
 /// found are the committed orders charged, those out of order the charges that came
 /// before an earlier order of their customer, the duplicates those the inbox of `group`
-/// skipped, and an order the database does not have one charged all the same. The
-/// messages that are not orders, which the payment service dead-letters, are left for
-/// the caller to count.
+/// skipped, and an order the database does not have one charged all the same.
+/// `unreadable` is what the payment service dead-lettered as no order, which the caller
+/// counts on the broker.
 pub(crate) async fn delivered(
     store: &PgStore,
     group: &str,
     ledger: &Ledger,
+    unreadable: u64,
 ) -> anyhow::Result<Published> {
     let schema = store.schema();
     let (skipped, phantoms): (Option<i64>, i64) = sqlx::query_as(AssertSqlSafe(format!(
@@ -241,7 +242,7 @@ pub(crate) async fn delivered(
         duplicates: count(skipped.unwrap_or(0)),
         missing: ledger.never_charged,
         out_of_order: ledger.charged_out_of_order,
-        unreadable: 0,
+        unreadable,
         not_in_database: count(phantoms),
     })
 }
