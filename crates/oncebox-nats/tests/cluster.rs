@@ -7,12 +7,19 @@
 //! to and from it cut for 5 s, then restored, while 5,000 messages are published at up
 //! to 500/s through one of the other nodes and received through the third. The test
 //! shows the partition was real (the node had no route left, the stream's leader
-//! reported its replica not current, and the node's own copy was 1,689 to 2,234 messages
+//! reported its replica not current, and the node's own copy was 900 to 2,500 messages
 //! behind when the cut ended) and that every confirmed message was received, every
-//! publish error was transient (at most two per run: a PubAck timeout and a moment
-//! without a stream leader, when the healed node's return forced an election), and the
-//! healed node was current again 0.18 to 5.4 s after the heal, with its own copy as long as
-//! the stream. Five runs: no message lost, no duplicate delivery.
+//! publish error was transient (PubAck timeouts, and up to 13 s without a stream leader
+//! when the healed node's return forced an election), and the healed node was current
+//! again 0.1 to 13 s after the heal, with its own copy as long as the stream. In thirty
+//! runs no message was lost and at most one delivered twice.
+//!
+//! "Received" means received before the subscriber has waited [`SILENCE`] for a
+//! delivery: long enough for a delivery lost on its way to come again after the ack
+//! wait. An earlier version gave up after 20 s with an ack wait of 60 s, and once, in a
+//! run of the whole test command, reported 1,364 of 5,000 messages never received,
+//! without a word of whether the server still held them for delivery; a failure now
+//! names the consumer's state (delivered, acked, awaiting an ack, its leader).
 
 #[path = "cluster/local.rs"]
 mod local;
@@ -107,7 +114,7 @@ async fn leader_other_than(
 async fn connect_to(cluster: &LocalCluster, i: usize) -> Result<JetStreamTransport> {
     let options = JetStreamOptions::new(cluster.nodes[i].url())
         .name("oncebox-nats cluster test")
-        .subscriber(SubscriberOptions::new().ack_wait(Duration::from_secs(60)));
+        .subscriber(SubscriberOptions::new().ack_wait(ACK_WAIT));
     JetStreamTransport::connect(options).await
 }
 
@@ -252,6 +259,16 @@ async fn members_joining_a_new_group_together_all_receive() {
     result.expect("every member receives");
 }
 
+/// How long a delivered message may go unacked before the server delivers it again.
+const ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// How long the partition test's subscriber waits for the next delivery before it counts
+/// what has not come as lost: a delivery lost on its way (with a pull request that died
+/// with its consumer leader, or acked to a leader that stepped down before recording it)
+/// comes again after the ack wait, on a pull request renewed after two missed heartbeats
+/// (10 s).
+const SILENCE: Duration = Duration::from_secs(ACK_WAIT.as_secs() + 20);
+
 /// Messages published in the partition test, one every [`PACE`].
 const MESSAGES: usize = 5000;
 const PACE: Duration = Duration::from_millis(2);
@@ -277,13 +294,16 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
 
     eprintln!(
         "partition of {} for {CUT_FOR:?} after {CUT_AT} of {MESSAGES} messages: \
-         {} confirmed, {} received ({} duplicate deliveries), {} publish errors {:?}; \
+         {} confirmed, {} received ({} duplicate deliveries, longest silence {:?}, subscriber \
+         errors {:?}), {} publish errors {:?}; \
          during the cut: replica lag up to {}, own copy {} behind the leader at the heal; \
          caught up {:?} after the heal; stream leader {} before, {} after",
         run.isolated,
         run.confirmed.len(),
-        run.received.len(),
-        run.duplicates(),
+        run.received.count.len(),
+        run.received.duplicates(),
+        run.received.longest_silence,
+        run.received.errors,
         run.publish_errors.len(),
         run.publish_errors
             .iter()
@@ -328,13 +348,15 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
     let lost: Vec<_> = run
         .confirmed
         .iter()
-        .filter(|id| !run.received.contains_key(*id))
+        .filter(|id| !run.received.count.contains_key(*id))
         .collect();
     assert!(
         lost.is_empty(),
-        "{} confirmed messages never received, first {:?}",
+        "{} confirmed messages not received after {SILENCE:?} without a delivery, first {:?}; \
+         the consumer then: {}",
         lost.len(),
-        lost.first()
+        lost.first(),
+        run.received.consumer_at_end.as_deref().unwrap_or("unknown"),
     );
 }
 
@@ -349,16 +371,28 @@ struct PartitionRun {
     /// Publish errors, each with whether it was transient with a [`JetStreamError`] as its
     /// source; the publish was retried.
     publish_errors: Vec<(bool, String)>,
-    /// Deliveries per message id.
-    received: HashMap<MessageId, u32>,
+    received: Received,
     cut: CutSeen,
     /// From the heal until the stream leader reported the replica current again.
     caught_up_after: Duration,
 }
 
-impl PartitionRun {
+/// What the subscriber saw.
+#[derive(Default)]
+struct Received {
+    /// Deliveries per message id.
+    count: HashMap<MessageId, u32>,
+    /// The transient errors `next` returned (missed heartbeats, no responders).
+    errors: Vec<String>,
+    /// The longest wait between two deliveries (or after the last, if some never came).
+    longest_silence: Duration,
+    /// The consumer as its leader reported it when the subscriber gave up waiting.
+    consumer_at_end: Option<String>,
+}
+
+impl Received {
     fn duplicates(&self) -> u32 {
-        self.received.values().map(|count| count - 1).sum()
+        self.count.values().map(|count| count - 1).sum()
     }
 }
 
@@ -470,22 +504,35 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     };
 
     let receive = async {
-        let mut received: HashMap<MessageId, u32> = HashMap::new();
+        let mut seen = Received::default();
         let mut last = Instant::now();
-        while received.len() < MESSAGES && last.elapsed() < Duration::from_secs(20) {
-            let Some(delivery) = next_within(&mut subscriber, Duration::from_secs(1)).await? else {
-                continue;
-            };
+        while seen.count.len() < MESSAGES && last.elapsed() < SILENCE {
+            let delivery =
+                match tokio::time::timeout(Duration::from_secs(1), subscriber.next()).await {
+                    Ok(Ok(delivery)) => delivery,
+                    Ok(Err(error)) if error.is_transient() => {
+                        seen.errors.push(error.to_string());
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => continue,
+                };
+            seen.longest_silence = seen.longest_silence.max(last.elapsed());
             last = Instant::now();
             let id = delivery
                 .received()
                 .id
                 .ok_or_else(|| Error::transport_permanent("a delivery without a message id"))?;
-            *received.entry(id).or_default() += 1;
+            *seen.count.entry(id).or_default() += 1;
             // Not taken: redelivered after the ack wait, and counted as a duplicate.
             let _ = delivery.ack().await;
         }
-        Ok::<_, Error>(received)
+        if seen.count.len() < MESSAGES {
+            seen.longest_silence = seen.longest_silence.max(last.elapsed());
+            seen.consumer_at_end = consumer_state(&admin, &stream, &consumer).await;
+        }
+        Ok::<_, Error>(seen)
     };
 
     let ((confirmed, publish_errors), cut, received) = tokio::join!(publish, partition, receive);
@@ -510,6 +557,31 @@ async fn replica(transport: &JetStreamTransport, stream: &str, name: &str) -> Op
     let stream = transport.jetstream().get_stream(stream).await.ok()?;
     let cluster = stream.cached_info().cluster.clone()?;
     cluster.replicas.into_iter().find(|peer| peer.name == name)
+}
+
+/// What the consumer's leader reports of its deliveries, for a failure's message.
+async fn consumer_state(
+    transport: &JetStreamTransport,
+    stream: &str,
+    consumer: &str,
+) -> Option<String> {
+    let mut stream = transport.jetstream().get_stream(stream).await.ok()?;
+    let info = stream.info().await.ok()?.clone();
+    let consumer = stream.consumer_info(consumer).await.ok()?;
+    Some(format!(
+        "stream last sequence {}; delivered up to {}, acked up to {}, {} awaiting an ack, \
+         {} not yet delivered, {} pull requests waiting, leader {:?}",
+        info.state.last_sequence,
+        consumer.delivered.stream_sequence,
+        consumer.ack_floor.stream_sequence,
+        consumer.num_ack_pending,
+        consumer.num_pending,
+        consumer.num_waiting,
+        consumer
+            .cluster
+            .as_ref()
+            .and_then(|cluster| cluster.leader.clone()),
+    ))
 }
 
 async fn last_sequence(transport: &JetStreamTransport, stream: &str) -> Result<u64> {
