@@ -424,7 +424,66 @@ impl<S: DedupStore + 'static> Drop for Hold<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// Work that counts its polls: its first poll panics if `panics`, else is pending;
+    /// every later poll is ready.
+    struct Counted {
+        polls: Arc<AtomicUsize>,
+        panics: bool,
+    }
+
+    impl Future for Counted {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            let first = self.polls.fetch_add(1, Ordering::SeqCst) == 0;
+            assert!(!(first && self.panics), "the handler panicked");
+            if first {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }
+    }
+
+    /// Polls `work` once in a `Detachable` (catching a panic), drops it, lets any task
+    /// it spawned run, and returns how often the work was polled.
+    async fn polls_after_a_drop(panics: bool) -> usize {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (waiting, _hung_up) = oneshot::channel();
+        let mut detachable = Box::pin(Detachable {
+            work: Some(Box::pin(Counted {
+                polls: Arc::clone(&polls),
+                panics,
+            })),
+            waiting: Some(waiting),
+            polling: false,
+        });
+        let waker = std::task::Waker::noop();
+        let polled = catch_unwind(AssertUnwindSafe(|| {
+            detachable.as_mut().poll(&mut Context::from_waker(waker))
+        }));
+        assert_eq!(polled.is_err(), panics);
+        drop(detachable);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        polls.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn work_dropped_while_pending_goes_on_in_a_task_of_its_own() {
+        assert_eq!(polls_after_a_drop(false).await, 2);
+    }
+
+    #[tokio::test]
+    async fn work_whose_poll_panicked_is_never_polled_again() {
+        assert_eq!(polls_after_a_drop(true).await, 1);
+    }
 
     #[test]
     fn stores_what_was_processed() {
