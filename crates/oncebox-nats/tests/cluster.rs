@@ -14,12 +14,13 @@
 //! again 0.1 to 13 s after the heal, with its own copy as long as the stream. In thirty
 //! runs no message was lost and at most one delivered twice.
 //!
-//! "Received" means received before the subscriber has waited [`SILENCE`] for a
-//! delivery: long enough for a delivery lost on its way to come again after the ack
-//! wait. An earlier version gave up after 20 s with an ack wait of 60 s, and once, in a
-//! run of the whole test command, reported 1,364 of 5,000 messages never received,
-//! without a word of whether the server still held them for delivery; a failure now
-//! names the consumer's state (delivered, acked, awaiting an ack, its leader).
+//! "Received" means received before the subscriber has waited [`SILENCE`] since the
+//! later of its last delivery and the last confirmed publish: long enough for a delivery
+//! lost on its way to come again after the ack wait. An earlier version gave up 20 s
+//! after the last delivery, with an ack wait of 60 s, and once, in a run of the whole
+//! test command, reported 1,364 of 5,000 messages never received, without a word of
+//! whether the server still held them for delivery; a failure now names the consumer's
+//! state (delivered, acked, awaiting an ack, redelivered, its leader).
 
 #[path = "cluster/local.rs"]
 mod local;
@@ -27,6 +28,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::stream::PeerInfo;
@@ -112,9 +114,18 @@ async fn leader_other_than(
 /// A transport connected to node `i` of `cluster` alone (the nodes tell clients of no
 /// other node).
 async fn connect_to(cluster: &LocalCluster, i: usize) -> Result<JetStreamTransport> {
+    connect_with(cluster, i, ACK_WAIT).await
+}
+
+/// As [`connect_to`], with subscribers whose deliveries come again after `ack_wait`.
+async fn connect_with(
+    cluster: &LocalCluster,
+    i: usize,
+    ack_wait: Duration,
+) -> Result<JetStreamTransport> {
     let options = JetStreamOptions::new(cluster.nodes[i].url())
         .name("oncebox-nats cluster test")
-        .subscriber(SubscriberOptions::new().ack_wait(ACK_WAIT));
+        .subscriber(SubscriberOptions::new().ack_wait(ack_wait));
     JetStreamTransport::connect(options).await
 }
 
@@ -259,15 +270,18 @@ async fn members_joining_a_new_group_together_all_receive() {
     result.expect("every member receives");
 }
 
-/// How long a delivered message may go unacked before the server delivers it again.
-const ACK_WAIT: Duration = Duration::from_secs(10);
+/// The ack wait of the tests' subscribers, which ack each message at once: long enough
+/// that no message acked before a node is killed comes again within a test's waits.
+const ACK_WAIT: Duration = Duration::from_secs(60);
 
-/// How long the partition test's subscriber waits for the next delivery before it counts
-/// what has not come as lost: a delivery lost on its way (with a pull request that died
-/// with its consumer leader, or acked to a leader that stepped down before recording it)
-/// comes again after the ack wait, on a pull request renewed after two missed heartbeats
-/// (10 s).
-const SILENCE: Duration = Duration::from_secs(ACK_WAIT.as_secs() + 20);
+/// The partition test subscriber's ack wait: a delivery that never reaches it (in flight
+/// to a pull request that died with its consumer leader) comes again after this.
+const PARTITION_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// How long the partition test's subscriber waits, after its last delivery and the last
+/// confirmed publish, before it counts what has not come as lost: the ack wait, then a
+/// pull request renewed after two missed heartbeats (10 s), with room to spare.
+const SILENCE: Duration = Duration::from_secs(PARTITION_ACK_WAIT.as_secs() + 20);
 
 /// Messages published in the partition test, one every [`PACE`].
 const MESSAGES: usize = 5000;
@@ -294,7 +308,7 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
 
     eprintln!(
         "partition of {} for {CUT_FOR:?} after {CUT_AT} of {MESSAGES} messages: \
-         {} confirmed, {} received ({} duplicate deliveries, longest silence {:?}, subscriber \
+         {} confirmed, {} received ({} duplicate deliveries, longest silence {:?}, {} subscriber \
          errors {:?}), {} publish errors {:?}; \
          during the cut: replica lag up to {}, own copy {} behind the leader at the heal; \
          caught up {:?} after the heal; stream leader {} before, {} after",
@@ -303,7 +317,8 @@ async fn a_follower_partitioned_away_and_healed_misses_nothing() {
         run.received.count.len(),
         run.received.duplicates(),
         run.received.longest_silence,
-        run.received.errors,
+        run.received.errors.len(),
+        run.received.errors.iter().take(3).collect::<Vec<_>>(),
         run.publish_errors.len(),
         run.publish_errors
             .iter()
@@ -386,7 +401,7 @@ struct Received {
     errors: Vec<String>,
     /// The longest wait between two deliveries (or after the last, if some never came).
     longest_silence: Duration,
-    /// The consumer as its leader reported it when the subscriber gave up waiting.
+    /// The consumer as its leader reported it after the run, if a message was missing.
     consumer_at_end: Option<String>,
 }
 
@@ -422,7 +437,7 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     let name = format!("n{isolated}");
     let others: Vec<usize> = (0..3).filter(|i| *i != isolated).collect();
     let publishing = connect_to(cluster, others[0]).await?;
-    let receiving = connect_to(cluster, others[1]).await?;
+    let receiving = connect_with(cluster, others[1], PARTITION_ACK_WAIT).await?;
     let mut subscriber = patiently(|| receiving.subscriber(&topic, "payments")).await?;
     let consumer = subscriber.consumer_name().to_owned();
     // A plain follower: of the consumer as well as of the stream.
@@ -430,6 +445,7 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     let leader_before = leader_other_than(&admin, Group::Stream(&stream), &name).await?;
 
     let confirmed_count = AtomicUsize::new(0);
+    let last_confirmed = Mutex::new(Instant::now());
     let publish = async {
         let publisher = publishing.publisher();
         let mut confirmed = Vec::with_capacity(MESSAGES);
@@ -445,6 +461,7 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
                     Ok(()) => {
                         confirmed.push(message.id);
                         confirmed_count.store(confirmed.len(), Ordering::SeqCst);
+                        *lock(&last_confirmed) = Instant::now();
                         break;
                     }
                     Err(error) => {
@@ -506,7 +523,8 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     let receive = async {
         let mut seen = Received::default();
         let mut last = Instant::now();
-        while seen.count.len() < MESSAGES && last.elapsed() < SILENCE {
+        let quiet = |last: Instant| last.max(*lock(&last_confirmed)).elapsed();
+        while seen.count.len() < MESSAGES && quiet(last) < SILENCE {
             let delivery =
                 match tokio::time::timeout(Duration::from_secs(1), subscriber.next()).await {
                     Ok(Ok(delivery)) => delivery,
@@ -530,14 +548,16 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
         }
         if seen.count.len() < MESSAGES {
             seen.longest_silence = seen.longest_silence.max(last.elapsed());
-            seen.consumer_at_end = consumer_state(&admin, &stream, &consumer).await;
         }
         Ok::<_, Error>(seen)
     };
 
     let ((confirmed, publish_errors), cut, received) = tokio::join!(publish, partition, receive);
     let (cut, caught_up_after) = cut?;
-    let received = received?;
+    let mut received = received?;
+    if received.count.len() < MESSAGES {
+        received.consumer_at_end = consumer_state(&admin, &stream, &consumer).await;
+    }
     cluster.await_mesh(Duration::from_secs(20)).await?;
     settled(cluster, &admin, &stream, isolated).await?;
     let leader_after = Group::Stream(&stream).leader(&admin).await;
@@ -550,6 +570,11 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
         cut,
         caught_up_after,
     })
+}
+
+/// Locks `mutex`, through a poisoning panic (the test fails on that panic anyway).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the stream's leader reports of replica `name`; `None` while it cannot be asked.
@@ -565,17 +590,17 @@ async fn consumer_state(
     stream: &str,
     consumer: &str,
 ) -> Option<String> {
-    let mut stream = transport.jetstream().get_stream(stream).await.ok()?;
-    let info = stream.info().await.ok()?.clone();
+    let stream = transport.jetstream().get_stream(stream).await.ok()?;
+    let last_sequence = stream.cached_info().state.last_sequence;
     let consumer = stream.consumer_info(consumer).await.ok()?;
     Some(format!(
-        "stream last sequence {}; delivered up to {}, acked up to {}, {} awaiting an ack, \
-         {} not yet delivered, {} pull requests waiting, leader {:?}",
-        info.state.last_sequence,
+        "stream last sequence {last_sequence}; delivered up to {}, acked up to {}, {} awaiting \
+         an ack, {} not yet delivered, {} redelivered, {} pull requests waiting, leader {:?}",
         consumer.delivered.stream_sequence,
         consumer.ack_floor.stream_sequence,
         consumer.num_ack_pending,
         consumer.num_pending,
+        consumer.num_redelivered,
         consumer.num_waiting,
         consumer
             .cluster
