@@ -40,7 +40,24 @@ pub(crate) struct LocalCluster {
 
 impl LocalCluster {
     /// Starts three nodes and returns once every pair is connected through its link.
+    ///
+    /// A start that fails is tried again, twice, on new ports: the ports are picked free
+    /// and let go before the servers bind them, and in the meantime another test's
+    /// connection can take one as its local port (a node then exits at once).
     pub(crate) async fn start() -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once().await {
+                Err(error) if attempt < 3 => {
+                    eprintln!("the cluster did not start (attempt {attempt}): {error}");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once() -> Result<Self> {
         let cluster_ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect::<Result<_>>()?;
         let monitors: Vec<u16> = (0..NODES).map(|_| free_port()).collect::<Result<_>>()?;
         let nowhere = proxy("127.0.0.1:9".to_owned()).await?;

@@ -12,6 +12,7 @@
     reason = "each test binary uses a part of the support module"
 )]
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -326,19 +327,34 @@ async fn spawn(port: u16, store: PathBuf, args: &[String]) -> Result<Child> {
         .take()
         .ok_or_else(|| Error::transport_permanent("nats-server's stderr is not piped"))?;
     let mut lines = BufReader::new(stderr).lines();
+    // The server's last lines, for the error if it never gets ready.
+    let mut said = VecDeque::new();
     let ready = tokio::time::timeout(Duration::from_secs(20), async {
         while let Ok(Some(line)) = lines.next_line().await {
             if line.contains("Server is ready") {
                 return true;
             }
+            if said.len() == 5 {
+                said.pop_front();
+            }
+            said.push_back(line);
         }
         false
     })
     .await;
-    if ready != Ok(true) {
-        return Err(Error::transport_permanent(
-            "nats-server did not report ready within 20 s",
-        ));
+    match ready {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Error::transport_permanent(format!(
+                "nats-server on port {port} exited before it was ready; its last lines: {said:?}"
+            )));
+        }
+        Err(_) => {
+            return Err(Error::transport_permanent(format!(
+                "nats-server on port {port} did not report ready within 20 s; its last \
+                 lines: {said:?}"
+            )));
+        }
     }
     // Keep reading, so that the server never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
