@@ -27,9 +27,9 @@
 mod local;
 mod support;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::stream::PeerInfo;
@@ -452,7 +452,8 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     let leader_before = leader_other_than(&admin, Group::Stream(&stream), &name).await?;
 
     let confirmed_count = AtomicUsize::new(0);
-    let last_confirmed = Mutex::new(Instant::now());
+    // Shared by futures that `join!` polls in one task.
+    let last_confirmed = Cell::new(Instant::now());
     let publish = async {
         let publisher = publishing.publisher();
         let mut confirmed = Vec::with_capacity(MESSAGES);
@@ -468,7 +469,7 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
                     Ok(()) => {
                         confirmed.push(message.id);
                         confirmed_count.store(confirmed.len(), Ordering::SeqCst);
-                        *lock(&last_confirmed) = Instant::now();
+                        last_confirmed.set(Instant::now());
                         break;
                     }
                     Err(error) => {
@@ -530,7 +531,7 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
     let receive = async {
         let mut seen = Received::default();
         let mut last = Instant::now();
-        let quiet = |last: Instant| last.max(*lock(&last_confirmed)).elapsed();
+        let quiet = |last: Instant| last.max(last_confirmed.get()).elapsed();
         while seen.count.len() < MESSAGES && quiet(last) < SILENCE {
             let delivery =
                 match tokio::time::timeout(Duration::from_secs(1), subscriber.next()).await {
@@ -577,11 +578,6 @@ async fn partition_and_heal(cluster: &LocalCluster) -> Result<PartitionRun> {
         cut,
         caught_up_after,
     })
-}
-
-/// Locks `mutex`, through a poisoning panic (the test fails on that panic anyway).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the stream's leader reports of replica `name`; `None` while it cannot be asked.
