@@ -256,6 +256,7 @@ async fn rounds(
             };
             empty(admin, table).await?;
             check(&broker, side, args.messages)?;
+            // The progress line of `oncebox-bench`'s throughput benches.
             if !args.json {
                 eprintln!(
                     "  round {round} {:<8} {:>10.0} msg/s  ({:.2} s)",

@@ -17,6 +17,22 @@ fn number(value: &Value, field: &str) -> f64 {
         .unwrap_or_else(|| panic!("{field} is not a number in {value}"))
 }
 
+/// The JSON report of a run with `args` on the local server; the run must succeed.
+fn report(args: &[&str]) -> Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_oncebox-peer-bench"))
+        .args(args)
+        .arg("--json")
+        .env("ONCEBOX_PG_URL", url())
+        .output()
+        .expect("running oncebox-peer-bench");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON object")
+}
+
 /// Whether `schema` exists.
 async fn exists(schema: &str) -> bool {
     let pool = sqlx::PgPool::connect(&url()).await.expect("connecting");
@@ -32,17 +48,7 @@ async fn exists(schema: &str) -> bool {
 
 #[tokio::test]
 async fn both_relays_drain_the_backlog_in_alternating_rounds() {
-    let output = Command::new(env!("CARGO_BIN_EXE_oncebox-peer-bench"))
-        .args(["--messages", "2000", "--json"])
-        .env("ONCEBOX_PG_URL", url())
-        .output()
-        .expect("running oncebox-peer-bench");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let report = report(&["--messages", "2000"]);
     assert_eq!(report["bench"], "peer", "{report}");
     assert_eq!(report["messages"], 2000, "{report}");
     assert_eq!(report["batch"], 256, "{report}");
@@ -107,18 +113,14 @@ fn a_server_that_cannot_be_reached_is_an_error_that_says_so() {
 
 #[test]
 fn the_variants_run_and_say_so() {
-    let output = Command::new(env!("CARGO_BIN_EXE_oncebox-peer-bench"))
-        .args(["--messages", "500", "--rounds", "1", "--json"])
-        .args(["--delete-on-publish", "--peer-async-commit"])
-        .env("ONCEBOX_PG_URL", url())
-        .output()
-        .expect("running oncebox-peer-bench");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let report = report(&[
+        "--messages",
+        "500",
+        "--rounds",
+        "1",
+        "--delete-on-publish",
+        "--peer-async-commit",
+    ]);
     assert_eq!(report["delete_on_publish"], true, "{report}");
     assert_eq!(report["peer_async_commit"], true, "{report}");
     let runs = report["runs"].as_array().expect("runs is an array");
