@@ -187,9 +187,13 @@ const KEEPS: &str = "(l.k IS NULL OR g.first_gap IS NULL OR l.seq < g.first_gap)
 /// and claims with step 1 instead.
 ///
 /// With many keys and one relay (or a few) nothing is blocked, and this costs little
-/// more than the raw loop's `DELETE ... RETURNING`, where step 1's window with its
-/// aggregates costs about half as much again; with hot keys and several relays, most
-/// fast claims are blocked, and the caller stops trying them for a while.
+/// more than the raw loop's `DELETE ... RETURNING` while the index's head is short
+/// (where step 1's window with its aggregates costs about half as much again); while a
+/// large backlog drains, each of its two scans walks the entries the deleted rows leave
+/// at the head until vacuum, the loop's one scan once (about twice the loop's time in
+/// docs/benchmarks.md, 2026-11-30, and still less than step 1); with hot keys and
+/// several relays, most fast claims are blocked, and the caller stops trying them for a
+/// while.
 pub(super) fn claim_first(layout: &Layout) -> String {
     let c = &layout.col;
     format!(
