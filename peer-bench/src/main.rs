@@ -241,20 +241,10 @@ async fn rounds(
         }
         for side in sides {
             let broker = MemoryBroker::new();
-            let table = match side {
-                Side::Oncebox => ours.table(),
-                Side::Peer => peer::TABLE,
-            };
-            match side {
-                Side::Oncebox => ours.prefill(args.messages, args.keys).await?,
-                Side::Peer => peer.prefill(args.messages).await?,
-            }
-            settle(admin, table).await?;
             let run = match side {
-                Side::Oncebox => ours.drain(&broker, round).await?,
-                Side::Peer => peer.drain(&broker, round).await?,
+                Side::Oncebox => run_once(ours, admin, &broker, args, round).await?,
+                Side::Peer => run_once(peer, admin, &broker, args, round).await?,
             };
-            empty(admin, table).await?;
             check(&broker, side, args.messages)?;
             // The progress line of `oncebox-bench`'s throughput benches.
             if !args.json {
@@ -269,6 +259,33 @@ async fn rounds(
         }
     }
     Ok(runs)
+}
+
+/// One side of the comparison: an outbox table that a relay drains.
+trait Contender {
+    /// Its table, as the bench's own connection names it.
+    fn table(&self) -> &str;
+    /// Fills the (empty) table with `messages` messages over `keys` ordering keys (where
+    /// the side has keys).
+    async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()>;
+    /// Times the relay draining the table into `broker`.
+    async fn drain(&self, broker: &MemoryBroker, round: u32) -> anyhow::Result<Run>;
+}
+
+/// One run of `side`: fill its table, vacuum and checkpoint, time the drain, empty the
+/// table.
+async fn run_once(
+    side: &impl Contender,
+    admin: &PgPool,
+    broker: &MemoryBroker,
+    args: &Args,
+    round: u32,
+) -> anyhow::Result<Run> {
+    side.prefill(args.messages, args.keys).await?;
+    settle(admin, side.table()).await?;
+    let run = side.drain(broker, round).await?;
+    empty(admin, side.table()).await?;
+    Ok(run)
 }
 
 /// The broker received `messages` messages, each once.

@@ -12,7 +12,7 @@ use oncebox::spool::{Relay, SpoolOptions};
 use oncebox::{Bytes, Message};
 
 use crate::workload::{KIND, PAYLOAD, TOPIC};
-use crate::{Run, Side};
+use crate::{Contender, Run, Side};
 
 /// Messages enqueued per transaction while filling.
 const FILL_CHUNK: u64 = 1000;
@@ -45,14 +45,21 @@ impl Ours {
         })
     }
 
+    /// Closes the store's pool.
+    pub(crate) async fn close(self) {
+        self.store.pool().close().await;
+    }
+}
+
+impl Contender for Ours {
     /// The outbox table, qualified.
-    pub(crate) fn table(&self) -> &str {
+    fn table(&self) -> &str {
         self.outbox.table()
     }
 
     /// Fills the (empty) outbox with `messages`, spread over `keys` ordering keys, in
     /// transactions of a thousand.
-    pub(crate) async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()> {
+    async fn prefill(&self, messages: u64, keys: u32) -> anyhow::Result<()> {
         let mut next = 0;
         while next < messages {
             let end = (next + FILL_CHUNK).min(messages);
@@ -72,7 +79,7 @@ impl Ours {
     }
 
     /// Times the relay draining the backlog to `broker`.
-    pub(crate) async fn drain(&self, broker: &MemoryBroker, round: u32) -> anyhow::Result<Run> {
+    async fn drain(&self, broker: &MemoryBroker, round: u32) -> anyhow::Result<Run> {
         let options = SpoolOptions::new()
             .name("peer-bench")
             .batch_size(self.batch as usize);
@@ -90,10 +97,5 @@ impl Ours {
             broker.stats().published,
             elapsed,
         ))
-    }
-
-    /// Closes the store's pool.
-    pub(crate) async fn close(self) {
-        self.store.pool().close().await;
     }
 }

@@ -24,13 +24,13 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::workload::{KIND, PAYLOAD, TOPIC};
-use crate::{Run, Side};
+use crate::{Contender, Run, Side};
 
 /// The peer, as the report names it.
 pub(crate) const NAME: &str = "outbox-core 0.6 + outbox-postgres 0.3";
 
 /// The peer's table, in the run's schema.
-pub(crate) const TABLE: &str = "outbox_events";
+const TABLE: &str = "outbox_events";
 
 /// The tables, type, function and trigger outbox-postgres 0.3's migrations create, in the
 /// run's schema (the connections' `search_path`).
@@ -94,8 +94,20 @@ impl PeerOutbox {
         })
     }
 
-    /// Fills the (empty) table with `messages` pending events, in one statement.
-    pub(crate) async fn prefill(&self, messages: u64) -> anyhow::Result<()> {
+    /// Closes the peer's pool.
+    pub(crate) async fn close(self) {
+        self.pool.close().await;
+    }
+}
+
+impl Contender for PeerOutbox {
+    fn table(&self) -> &str {
+        TABLE
+    }
+
+    /// Fills the (empty) table with `messages` pending events, in one statement (the
+    /// peer has no ordering keys).
+    async fn prefill(&self, messages: u64, _keys: u32) -> anyhow::Result<()> {
         let payload = std::str::from_utf8(PAYLOAD).context("the payload is not UTF-8")?;
         sqlx::query(
             "INSERT INTO outbox_events (event_type, payload)
@@ -111,7 +123,7 @@ impl PeerOutbox {
     }
 
     /// Times the processor's drain loop over the backlog, publishing to `broker`.
-    pub(crate) async fn drain(&self, broker: &MemoryBroker, round: u32) -> anyhow::Result<Run> {
+    async fn drain(&self, broker: &MemoryBroker, round: u32) -> anyhow::Result<Run> {
         let transport = Arc::new(PeerTransport {
             publisher: broker.publisher(),
         });
@@ -132,11 +144,6 @@ impl PeerOutbox {
             broker.stats().published,
             elapsed,
         ))
-    }
-
-    /// Closes the peer's pool.
-    pub(crate) async fn close(self) {
-        self.pool.close().await;
     }
 }
 
